@@ -1,0 +1,86 @@
+"""The in-memory index of a trial: which tensor, reduction and shape lives where, per step and
+worker, plus the step <-> (mode, mode step) maps. Built from index files; knows no storage."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from mltrace.format.index import StepIndex
+from mltrace.modes import ModeKeys
+from mltrace.reductions import parse_reduction_tensor_name
+
+
+@dataclass(frozen=True)
+class Location:
+    """One record: events file key, byte range, payload CRC (None in smdebug-written trials)."""
+
+    key: str
+    start: int
+    length: int
+    crc32c: int | None
+
+
+class TensorEntries:
+    """Everything stored for one tensor name: per global step, per worker."""
+
+    __slots__ = ("values", "reductions", "shapes")
+
+    def __init__(self) -> None:
+        self.values: dict[int, dict[str, Location]] = {}
+        self.reductions: dict[int, dict[str, dict[tuple[str, bool], Location]]] = {}
+        self.shapes: dict[int, dict[str, tuple[int, ...]]] = {}
+
+    def global_steps(self) -> set[int]:
+        """Global steps with a value, a reduction or a shape."""
+        return set(self.values) | set(self.reductions) | set(self.shapes)
+
+
+class TrialIndex:
+    """Lookups over every index file ingested so far."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, TensorEntries] = {}
+        self.step_workers: dict[int, set[str]] = defaultdict(set)
+        self.global_to_mode: dict[int, tuple[ModeKeys, int]] = {}
+        self.mode_to_global: dict[ModeKeys, dict[int, int]] = defaultdict(dict)
+
+    def ingest(self, step: int, worker: str, index: StepIndex) -> None:
+        """Add one index file's content (global step and worker come from its file name)."""
+        self.step_workers[step].add(worker)
+        self.global_to_mode[step] = (index.mode, index.mode_step)
+        self.mode_to_global[index.mode][index.mode_step] = step
+        if index.mode is not ModeKeys.GLOBAL:
+            self.mode_to_global[ModeKeys.GLOBAL][step] = step
+        for entry in index.tensors:
+            loc = Location(index.event_file_name or "", entry.start_idx, entry.length, entry.crc32c)
+            parsed = parse_reduction_tensor_name(entry.tensorname)
+            if parsed is not None:
+                base, red, is_abs = parsed
+                entries = self.tensors.setdefault(base, TensorEntries())
+                entries.reductions.setdefault(step, {}).setdefault(worker, {})[(red, is_abs)] = loc
+            else:
+                self.tensors.setdefault(entry.tensorname, TensorEntries()).values.setdefault(step, {})[worker] = loc
+        for shape in index.shapes:
+            self.tensors.setdefault(shape.tensorname, TensorEntries()).shapes.setdefault(step, {})[worker] = shape.shape
+
+    def to_global(self, step: int, mode: ModeKeys) -> int | None:
+        """The global step of mode step ``step`` (GLOBAL steps are global steps)."""
+        if mode is ModeKeys.GLOBAL:
+            return step if step in self.global_to_mode else None
+        return self.mode_to_global.get(mode, {}).get(step)
+
+    def steps_of(self, global_steps: set[int] | list[int], mode: ModeKeys) -> list[int]:
+        """``global_steps`` as sorted steps of ``mode`` (mode steps; global steps for GLOBAL)."""
+        if mode is ModeKeys.GLOBAL:
+            return sorted(global_steps)
+        out = []
+        for g in global_steps:
+            m, ms = self.global_to_mode.get(g, (None, None))
+            if m is mode:
+                out.append(ms)
+        return sorted(out)  # type: ignore[arg-type]
+
+    def modes(self) -> list[ModeKeys]:
+        """Modes seen, GLOBAL left out unless only GLOBAL steps exist (smdebug)."""
+        return sorted({m for m, _ in self.global_to_mode.values()}, key=lambda m: m.value)

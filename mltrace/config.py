@@ -1,0 +1,429 @@
+"""SaveConfig, SaveConfigMode and ReductionConfig: when to save, and what to save of a tensor.
+
+They stay mutable after construction (seed 004 disables a collection with
+``hook.get_collection("metrics").save_config.end_step = 0``) and serialize to smdebug's JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from mltrace.exceptions import MltraceValueError
+from mltrace.modes import ALLOWED_MODES, ModeKeys, mode_from
+
+DEFAULT_SAVE_INTERVAL = 500
+
+
+def _as_int(name: str, value: Any, minimum: int | None = None, allow_none: bool = False) -> int | None:
+    """Coerce ``value`` (an int or a decimal string, as smdebug's JSON allows) or raise clearly."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or value is None:
+        raise MltraceValueError(f"{name}={value!r} must be an integer, e.g. {name}=100")
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise MltraceValueError(f"{name}={value!r} must be an integer, e.g. {name}=100") from None
+    if isinstance(value, float) and value != number:
+        raise MltraceValueError(f"{name}={value!r} must be a whole number")
+    if minimum is not None and number < minimum:
+        raise MltraceValueError(f"{name}={value!r} must be >= {minimum}")
+    return number
+
+
+def _as_steps(value: Any) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [v for v in value.replace(" ", "").split(",") if v]
+    if not isinstance(value, Iterable):
+        raise MltraceValueError(f"save_steps={value!r} must be a list of steps, e.g. [0, 10, 20]")
+    return sorted({int(_as_int("save_steps entry", v, minimum=0)) for v in value})  # type: ignore[arg-type]
+
+
+class SaveConfigMode:
+    """When to save in one mode: every ``save_interval`` mode steps in [start_step, end_step),
+    plus every step of ``save_steps``, plus (mltrace) steps where a ``when_nan`` tensor holds NaN.
+
+    A step is saved if ``step in save_steps`` or ``start_step <= step < end_step and
+    step % save_interval == 0`` (the modulo is on the step itself, as smdebug).
+
+    Example:
+        >>> SaveConfigMode(save_interval=100, end_step=201).should_save_step(200)
+        True
+    """
+
+    def __init__(
+        self,
+        save_interval: int | str | None = None,
+        start_step: int | str | None = None,
+        end_step: int | str | None = None,
+        save_steps: Iterable[int] | str | None = None,
+        when_nan: Iterable[str] | None = None,
+    ) -> None:
+        self.save_interval = DEFAULT_SAVE_INTERVAL if save_interval is None else save_interval
+        self.start_step = 0 if start_step is None else start_step
+        self.end_step = end_step
+        self.save_steps = save_steps  # type: ignore[assignment]
+        self.when_nan = list(when_nan or [])
+
+    # Validated setters keep the object mutable and always consistent.
+    @property
+    def save_interval(self) -> int:
+        """Save every this many mode steps (>= 1)."""
+        return self._save_interval
+
+    @save_interval.setter
+    def save_interval(self, value: int | str) -> None:
+        self._save_interval = _as_int("save_interval", value, minimum=1)
+
+    @property
+    def start_step(self) -> int:
+        """First mode step the interval applies to."""
+        return self._start_step
+
+    @start_step.setter
+    def start_step(self, value: int | str) -> None:
+        self._start_step = _as_int("start_step", value, minimum=0)
+        self._check_range()
+
+    @property
+    def end_step(self) -> int | None:
+        """Mode step (exclusive) where the interval stops; None for never. 0 disables saving."""
+        return self._end_step
+
+    @end_step.setter
+    def end_step(self, value: int | str | None) -> None:
+        self._end_step = _as_int("end_step", value, minimum=0, allow_none=True)
+        self._check_range()
+
+    @property
+    def save_steps(self) -> list[int]:
+        """Extra mode steps to save, whatever the interval says."""
+        return self._save_steps
+
+    @save_steps.setter
+    def save_steps(self, value: Iterable[int] | str | None) -> None:
+        self._save_steps = _as_steps(value)
+        self._save_steps_set = frozenset(self._save_steps)
+
+    def _check_range(self) -> None:
+        start, end = getattr(self, "_start_step", 0), getattr(self, "_end_step", None)
+        # end_step == start_step is how smdebug users switch a collection off (end_step=0).
+        if end is not None and end < start:
+            raise MltraceValueError(
+                f"end_step={end} is before start_step={start}: end_step is exclusive and must be "
+                f">= start_step (use end_step=0 to switch saving off)"
+            )
+
+    def should_save_step(self, step: int) -> bool:
+        """True if mode step ``step`` is due (when_nan steps are decided by the hook)."""
+        if step in self._save_steps_set:
+            return True
+        if step < self._start_step or (self._end_step is not None and step >= self._end_step):
+            return False
+        return step % self._save_interval == 0
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """smdebug's dict form; ``when_nan`` is added only when set (smdebug ignores it)."""
+        out: dict[str, Any] = {
+            "save_interval": self.save_interval,
+            "save_steps": list(self.save_steps),
+            "start_step": self.start_step,
+            "end_step": self.end_step,
+        }
+        if self.when_nan:
+            out["when_nan"] = list(self.when_nan)
+        return out
+
+    @classmethod
+    def from_dict(cls, params: Mapping[str, Any] | None, defaults: Mapping[str, Any] | None = None) -> SaveConfigMode | None:
+        """Build from smdebug's dict form; missing keys come from ``defaults``."""
+        if params is None:
+            return None
+        if not isinstance(params, Mapping):
+            raise MltraceValueError(f"a save config must be a dict, got {params!r}")
+        defaults = defaults or {}
+        unknown = set(params) - {"save_interval", "start_step", "end_step", "save_steps", "when_nan"}
+        if unknown:
+            raise MltraceValueError(
+                f"unknown save config keys {sorted(unknown)}: allowed are save_interval, start_step, "
+                "end_step, save_steps, when_nan"
+            )
+        pick = lambda k: params.get(k, defaults.get(k))  # noqa: E731
+        return cls(pick("save_interval"), pick("start_step"), pick("end_step"), pick("save_steps"),
+                   pick("when_nan"))
+
+    def copy(self) -> SaveConfigMode:
+        """An independent copy."""
+        return SaveConfigMode(self.save_interval, self.start_step, self.end_step,
+                              list(self.save_steps), list(self.when_nan))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SaveConfigMode) and self.to_json_dict() == other.to_json_dict()
+
+    def __repr__(self) -> str:
+        return (f"SaveConfigMode(save_interval={self.save_interval}, start_step={self.start_step}, "
+                f"end_step={self.end_step}, save_steps={self.save_steps})")
+
+
+class SaveConfig:
+    """Per-mode SaveConfigModes. The simple form sets the same rule for every mode.
+
+    Args:
+        mode_save_configs: advanced form, {mode: SaveConfigMode or dict}; modes left out get the
+            simple-form values (or the defaults).
+        save_interval, start_step, end_step, save_steps: the simple form (see SaveConfigMode).
+        when_nan: tensor names; also save at every step where one of them holds NaN (Tornasole).
+
+    Setting ``save_interval``, ``start_step``, ``end_step`` or ``save_steps`` on a SaveConfig
+    sets it for every mode.
+    """
+
+    _FIELDS = ("save_interval", "start_step", "end_step", "save_steps")
+
+    def __init__(
+        self,
+        mode_save_configs: Mapping[ModeKeys | str, SaveConfigMode | Mapping[str, Any]] | None = None,
+        save_interval: int | str | None = None,
+        start_step: int | str | None = None,
+        end_step: int | str | None = None,
+        save_steps: Iterable[int] | str | None = None,
+        when_nan: Iterable[str] | None = None,
+    ) -> None:
+        base = SaveConfigMode(save_interval, start_step, end_step, save_steps, when_nan)
+        modes: dict[ModeKeys, SaveConfigMode] = {m: base.copy() for m in ALLOWED_MODES}
+        for mode, cfg in (mode_save_configs or {}).items():
+            mode = mode_from(mode)
+            if isinstance(cfg, Mapping):
+                cfg = SaveConfigMode.from_dict(cfg, base.to_json_dict())
+            if not isinstance(cfg, SaveConfigMode):
+                raise MltraceValueError(
+                    f"mode_save_configs[{mode.name}]={cfg!r} must be a SaveConfigMode or a dict"
+                )
+            if when_nan and not cfg.when_nan:
+                cfg.when_nan = list(when_nan)
+            modes[mode] = cfg
+        object.__setattr__(self, "mode_save_configs", modes)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._FIELDS or name == "when_nan":
+            for cfg in self.mode_save_configs.values():
+                setattr(cfg, name, value if name != "when_nan" else list(value or []))
+            return
+        object.__setattr__(self, name, value)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for attributes not found normally: the per-mode fields.
+        if name in SaveConfig._FIELDS or name == "when_nan":
+            values = [getattr(c, name) for c in self.__dict__["mode_save_configs"].values()]
+            return values[0] if all(v == values[0] for v in values) else {
+                m.name: v for m, v in zip(self.__dict__["mode_save_configs"], values)
+            }
+        raise AttributeError(name)
+
+    def get_save_config(self, mode: ModeKeys | str) -> SaveConfigMode:
+        """The SaveConfigMode of ``mode``."""
+        return self.mode_save_configs[mode_from(mode)]
+
+    def set_save_config(self, mode: ModeKeys | str, save_config_mode: SaveConfigMode) -> None:
+        """Replace the rule of one mode."""
+        self.mode_save_configs[mode_from(mode)] = save_config_mode
+
+    def should_save_step(self, mode: ModeKeys, step: int) -> bool:
+        """True if mode step ``step`` of ``mode`` is due."""
+        return self.mode_save_configs[mode].should_save_step(step)
+
+    def watched_nan_tensors(self) -> set[str]:
+        """Every tensor name some mode watches for NaN."""
+        return {t for c in self.mode_save_configs.values() for t in c.when_nan}
+
+    def copy(self) -> SaveConfig:
+        """An independent deep copy."""
+        return SaveConfig({m: c.copy() for m, c in self.mode_save_configs.items()})
+
+    def to_json_dict(self) -> dict[str, dict[str, Any]]:
+        """{"TRAIN": {...}, "EVAL": {...}, "PREDICT": {...}, "GLOBAL": {...}} as smdebug writes."""
+        return {m.name: c.to_json_dict() for m, c in self.mode_save_configs.items()}
+
+    @classmethod
+    def from_dict(cls, params: Mapping[str, Any] | None) -> SaveConfig | None:
+        """Parse smdebug's JSON form ({mode name: SaveConfigMode dict or null})."""
+        if params is None:
+            return None
+        if not isinstance(params, Mapping):
+            raise MltraceValueError(f"save_config must be a dict of modes, got {params!r}")
+        configs = {mode_from(k): SaveConfigMode.from_dict(v) for k, v in params.items() if v is not None}
+        return cls(mode_save_configs=configs)  # type: ignore[arg-type]
+
+    @classmethod
+    def parse(cls, obj: Any) -> SaveConfig:
+        """Accept None, a SaveConfig, a SaveConfigMode, or a {mode: SaveConfigMode} dict."""
+        if obj is None:
+            return cls()
+        if isinstance(obj, SaveConfig):
+            return obj
+        if isinstance(obj, SaveConfigMode):
+            return cls({m: obj.copy() for m in ALLOWED_MODES})
+        if isinstance(obj, Mapping):
+            return cls(mode_save_configs=obj)
+        raise MltraceValueError(
+            f"save_config={obj!r} must be a SaveConfig, a SaveConfigMode or a dict {{mode: SaveConfigMode}}"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SaveConfig) and self.to_json_dict() == other.to_json_dict()
+
+    def __repr__(self) -> str:
+        return f"SaveConfig({ {m.name: c for m, c in self.mode_save_configs.items()} })"
+
+
+# Reductions smdebug 1.0.34 knows (it rejects other tokens in its JSON) and mltrace's additions,
+# which go into the collection entry's extra key "mltrace_reductions" instead.
+SMDEBUG_REDUCTIONS = ("min", "max", "mean", "std", "variance", "sum", "prod")
+SMDEBUG_NORMS = ("l1", "l2")
+EXTRA_REDUCTIONS = ("median", "nan_count", "inf_count", "zero_fraction")
+ALL_REDUCTIONS = SMDEBUG_REDUCTIONS + SMDEBUG_NORMS + EXTRA_REDUCTIONS
+
+
+def _check_names(kind: str, names: Iterable[str], allowed: Iterable[str]) -> list[str]:
+    if isinstance(names, str):
+        names = [n for n in names.split(",") if n.strip()]
+    out = []
+    for name in names:
+        name = str(name).strip()
+        if name not in allowed:
+            raise MltraceValueError(
+                f"unknown {kind} {name!r}: choose from {', '.join(allowed)}"
+            )
+        if name not in out:
+            out.append(name)
+    return out
+
+
+class ReductionConfig:
+    """Which reductions of a tensor to save, and whether to save the tensor itself and its shape.
+
+    Args:
+        reductions: min, max, mean, std, variance, sum, prod; plus mltrace's median, nan_count,
+            inf_count, zero_fraction (NaN/Inf visibility without the raw tensor).
+        abs_reductions: the same, over the absolute value.
+        norms: l1, l2 (over the flattened tensor).
+        abs_norms: l1, l2 over the absolute value (equal to norms; kept for smdebug).
+        save_raw_tensor: also save the full tensor.
+        save_shape: record the tensor's shape in the index.
+
+    Example:
+        >>> ReductionConfig(reductions=["min", "max"], norms=["l2"], save_raw_tensor=True)
+    """
+
+    def __init__(
+        self,
+        reductions: Iterable[str] | None = None,
+        abs_reductions: Iterable[str] | None = None,
+        norms: Iterable[str] | None = None,
+        abs_norms: Iterable[str] | None = None,
+        save_raw_tensor: bool = False,
+        save_shape: bool = False,
+    ) -> None:
+        scalar = SMDEBUG_REDUCTIONS + EXTRA_REDUCTIONS
+        self.reductions = _check_names("reduction", reductions or [], scalar)
+        self.abs_reductions = _check_names("abs reduction", abs_reductions or [], SMDEBUG_REDUCTIONS + ("median",))
+        self.norms = _check_names("norm", norms or [], SMDEBUG_NORMS)
+        self.abs_norms = _check_names("abs norm", abs_norms or [], SMDEBUG_NORMS)
+        for flag, value in (("save_raw_tensor", save_raw_tensor), ("save_shape", save_shape)):
+            if not isinstance(value, bool):
+                raise MltraceValueError(f"{flag}={value!r} must be True or False")
+        self.save_raw_tensor = save_raw_tensor
+        self.save_shape = save_shape
+
+    def items(self) -> list[tuple[str, bool]]:
+        """Every (reduction name, abs) pair to compute, norms included, in smdebug's order."""
+        return (
+            [(r, False) for r in self.reductions + self.norms]
+            + [(r, True) for r in self.abs_reductions + self.abs_norms]
+        )
+
+    def _tokens(self, extra: bool) -> list[str]:
+        def keep(name: str) -> bool:
+            return (name in EXTRA_REDUCTIONS) == extra
+
+        return (
+            [r for r in self.reductions if keep(r)]
+            + ([f"{n}_norm" for n in self.norms] if not extra else [])
+            + [f"abs_{r}" for r in self.abs_reductions if keep(r)]
+            + ([f"abs_{n}_norm" for n in self.abs_norms] if not extra else [])
+        )
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """smdebug's form: only the reductions smdebug knows are in ``reductions``."""
+        return {
+            "save_raw_tensor": self.save_raw_tensor,
+            "reductions": ",".join(self._tokens(extra=False)),
+            "save_shape": self.save_shape,
+        }
+
+    def extra_reductions_string(self) -> str:
+        """mltrace's own reductions as a token string ('' if none), for the extra JSON key."""
+        return ",".join(self._tokens(extra=True))
+
+    @classmethod
+    def from_dict(cls, params: Mapping[str, Any] | None, extra: str | None = None) -> ReductionConfig | None:
+        """Parse smdebug's flat form: ``{"reductions": "min,abs_l2_norm", "save_raw_tensor": ...}``.
+
+        Tokens: ``<red>``, ``abs_<red>``, ``<norm>_norm``, ``abs_<norm>_norm``, and the bare
+        ``l1``/``l2``/``abs_l1``/``abs_l2`` the smdebug docs show. ``extra`` adds tokens from
+        mltrace's extra key.
+        """
+        if params is None:
+            return None
+        if not isinstance(params, Mapping):
+            raise MltraceValueError(f"reduction_config must be a dict, got {params!r}")
+        tokens = str(params.get("reductions") or "") + "," + (extra or "")
+        red, abs_red, norms, abs_norms = [], [], [], []
+        for token in (t.strip() for t in tokens.split(",")):
+            if not token:
+                continue
+            is_abs = token.startswith("abs_")
+            base = token[4:] if is_abs else token
+            base = base[:-5] if base.endswith("_norm") else base
+            if base in SMDEBUG_NORMS:
+                (abs_norms if is_abs else norms).append(base)
+            elif base in SMDEBUG_REDUCTIONS + EXTRA_REDUCTIONS:
+                (abs_red if is_abs else red).append(base)
+            else:
+                valid = list(SMDEBUG_REDUCTIONS + EXTRA_REDUCTIONS) + ["l1_norm", "l2_norm"]
+                raise MltraceValueError(
+                    f"unknown reduction {token!r}: use {', '.join(valid)} (any of them prefixed abs_)"
+                )
+        return cls(red, abs_red, norms, abs_norms,
+                   _flag("save_raw_tensor", params.get("save_raw_tensor", False)),
+                   _flag("save_shape", params.get("save_shape", False)))
+
+    def copy(self) -> ReductionConfig:
+        """An independent copy."""
+        return ReductionConfig(self.reductions, self.abs_reductions, self.norms, self.abs_norms,
+                               self.save_raw_tensor, self.save_shape)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ReductionConfig) and (
+            self.items(), self.save_raw_tensor, self.save_shape
+        ) == (other.items(), other.save_raw_tensor, other.save_shape)
+
+    def __repr__(self) -> str:
+        return (f"ReductionConfig(reductions={self.reductions}, abs_reductions={self.abs_reductions}, "
+                f"norms={self.norms}, abs_norms={self.abs_norms}, "
+                f"save_raw_tensor={self.save_raw_tensor}, save_shape={self.save_shape})")
+
+
+def _flag(name: str, value: Any) -> bool:
+    """JSON configs carry booleans as JSON booleans or as "true"/"false" strings (SageMaker)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise MltraceValueError(f"{name}={value!r} must be true or false")
+
+
+parse_flag = _flag

@@ -1,0 +1,149 @@
+"""Event protos (the subset smdebug and TensorBoard write), encoded and decoded by hand.
+
+An events/ record holds one Event with one tensor::
+
+    Event { 1 wall_time: double, 2 step: int64 (global step), 5 summary: Summary }
+    Summary { 1 value: Value }
+    Value { 1 tag: string (tensor name), 8 tensor: TensorProto,
+            9 metadata: SummaryMetadata { 1 plugin_data: PluginData{1 plugin_name, 2 content} } }
+
+smdebug's metadata carries two plugin_data entries, ``mode_step`` then ``mode``, whose contents
+are decimal strings (the mode as ModeKeys value, "1" for TRAIN). Defaults (step 0, wall_time 0)
+are left out, as protobuf does, so encoded bytes equal protobuf's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mltrace.format import _wire as w
+from mltrace.format.tensors import decode_tensor, encode_tensor
+from mltrace.modes import MODE_PLUGIN_NAME, MODE_STEP_PLUGIN_NAME, ModeKeys
+
+
+def _plugin_data(name: str, content: str) -> bytes:
+    return w.len_field(1, w.len_field(1, name.encode()) + w.len_field(2, content.encode()))
+
+
+def _event(wall_time: float, step: int, summary: bytes) -> bytes:
+    head = w.double_field(1, wall_time) if wall_time else b""
+    if step:
+        head += w.varint_field(2, step)
+    return head + w.len_field(5, summary)
+
+
+def encode_tensor_event(
+    tag: str,
+    array: np.ndarray,
+    step: int,
+    mode: ModeKeys,
+    mode_step: int,
+    wall_time: float,
+) -> bytes:
+    """Serialize one smdebug tensor Event (the payload of one events/ record)."""
+    metadata = _plugin_data(MODE_STEP_PLUGIN_NAME, str(mode_step)) + _plugin_data(
+        MODE_PLUGIN_NAME, str(mode.value)
+    )
+    value = (
+        w.len_field(1, tag.encode("utf-8"))
+        + w.len_field(8, encode_tensor(tag, array))
+        + w.len_field(9, metadata)
+    )
+    return _event(wall_time, step, w.len_field(1, value))
+
+
+def encode_scalar_event(tag: str, value: float, step: int, wall_time: float) -> bytes:
+    """Serialize a TensorBoard scalar Event (``Value.simple_value``, a float32)."""
+    val = w.len_field(1, tag.encode("utf-8")) + w.float_field(2, float(value))
+    return _event(wall_time, step, w.len_field(1, val))
+
+
+@dataclass
+class DecodedValue:
+    """One Summary.Value of a decoded Event: a tensor (events/), a scalar or a histogram (TB)."""
+
+    tag: str
+    tensor: np.ndarray | None = None
+    simple_value: float | None = None
+    histogram: dict[str, object] | None = None
+    plugin_data: dict[str, bytes] = field(default_factory=dict)
+
+    @property
+    def mode(self) -> ModeKeys:
+        """The mode from smdebug's plugin data; GLOBAL when absent, as smdebug's reader does."""
+        raw = self.plugin_data.get(MODE_PLUGIN_NAME)
+        return ModeKeys(int(raw)) if raw else ModeKeys.GLOBAL
+
+
+@dataclass
+class DecodedEvent:
+    """A decoded Event: wall time, global step, and its summary values."""
+
+    wall_time: float = 0.0
+    step: int = 0
+    values: list[DecodedValue] = field(default_factory=list)
+    file_version: str | None = None
+
+    def mode_step(self, value: DecodedValue) -> int:
+        """The mode step of ``value``; the global step when the plugin data has none."""
+        raw = value.plugin_data.get(MODE_STEP_PLUGIN_NAME)
+        return int(raw) if raw else self.step
+
+
+def _decode_histogram(data: memoryview) -> dict[str, object]:
+    out: dict[str, object] = {"bucket_limit": [], "bucket": []}
+    names = {1: "min", 2: "max", 3: "num", 4: "sum", 5: "sum_squares"}
+    for f, wt, v in w.fields(data):
+        if f in names and wt == w.FIXED64:
+            out[names[f]] = w.as_double(v)  # type: ignore[arg-type]
+        elif f in (6, 7) and wt == w.LEN:
+            key = "bucket_limit" if f == 6 else "bucket"
+            out[key] = np.frombuffer(bytes(v), dtype="<f8").tolist()  # type: ignore[arg-type]
+    return out
+
+
+def _decode_value(data: memoryview) -> DecodedValue:
+    value = DecodedValue(tag="")
+    for f, wt, v in w.fields(data):
+        if f == 1 and wt == w.LEN:
+            value.tag = bytes(v).decode("utf-8")  # type: ignore[arg-type]
+        elif f == 2 and wt == w.FIXED32:
+            value.simple_value = w.as_float(v)  # type: ignore[arg-type]
+        elif f == 5 and wt == w.LEN:
+            value.histogram = _decode_histogram(v)  # type: ignore[arg-type]
+        elif f == 8 and wt == w.LEN:
+            value.tensor = decode_tensor(v)  # type: ignore[arg-type]
+        elif f == 9 and wt == w.LEN:
+            for pf, pwt, pd in w.fields(v):  # type: ignore[arg-type]
+                if pf == 1 and pwt == w.LEN:
+                    name, content = "", b""
+                    for ff, _, fv in w.fields(pd):  # type: ignore[arg-type]
+                        if ff == 1:
+                            name = bytes(fv).decode("utf-8")  # type: ignore[arg-type]
+                        elif ff == 2:
+                            content = bytes(fv)  # type: ignore[arg-type]
+                    value.plugin_data[name] = content
+    return value
+
+
+def decode_event(payload: bytes | memoryview) -> DecodedEvent:
+    """Parse an Event payload (one record's bytes without framing).
+
+    Raises:
+        mltrace.format._wire.WireError: bytes that are not an Event.
+    """
+    event = DecodedEvent()
+    for f, wt, v in w.fields(payload):
+        if f == 1 and wt == w.FIXED64:
+            event.wall_time = w.as_double(v)  # type: ignore[arg-type]
+        elif f == 2 and wt == w.VARINT:
+            event.step = w.signed64(int(v))  # type: ignore[arg-type]
+        elif f == 3 and wt == w.LEN:
+            event.file_version = bytes(v).decode("utf-8")  # type: ignore[arg-type]
+        elif f == 5 and wt == w.LEN:
+            for sf, swt, sv in w.fields(v):  # type: ignore[arg-type]
+                if sf == 1 and swt == w.LEN:
+                    event.values.append(_decode_value(sv))  # type: ignore[arg-type]
+    return event

@@ -1,0 +1,72 @@
+"""Where things live inside a trial (out_dir), relative to it, as smdebug 1.0.34 lays them out::
+
+    collections/000000000/<worker>_collections.json
+    events/<STEP:012>/<STEP:012>_<worker>.tfevents       one per (global step, worker)
+    index/<STEP//1000:09>/<STEP:012>_<worker>.json       one per events file
+    training_job_end.ts                                  empty end-of-training marker
+    tensorboard/                                         TensorBoard exports (never under events/)
+
+Keys use "/" whatever the OS: the storage layer maps them to local paths or S3 keys.
+"""
+
+from __future__ import annotations
+
+import re
+
+EVENTS_DIR = "events"
+INDEX_DIR = "index"
+COLLECTIONS_DIR = "collections/000000000"
+END_OF_JOB_MARKER = "training_job_end.ts"
+TENSORBOARD_DIR = "tensorboard"
+#: written by hooks that log to MLflow (mlflow_plugin); smdebug's reader never looks at it.
+MLFLOW_RUN_FILE = "mltrace_mlflow_run.json"
+INDEX_FILES_PER_PREFIX = 1000
+DEFAULT_WORKER_NAME = "worker_0"
+
+_INDEX_NAME = re.compile(r"^index/(\d{9})/(\d{12})_(.+)\.json$")
+_COLLECTIONS_NAME = re.compile(r"^collections/\d+/(.+)_collections\.json$")
+_WORKER_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+def event_file_key(step: int, worker: str) -> str:
+    """Key of the events file of a global step and worker."""
+    return f"{EVENTS_DIR}/{step:012d}/{step:012d}_{worker}.tfevents"
+
+
+def index_prefix(step: int) -> str:
+    """Key of the index folder that holds ``step`` (1000 steps per folder)."""
+    return f"{INDEX_DIR}/{step // INDEX_FILES_PER_PREFIX:09d}"
+
+
+def index_file_key(step: int, worker: str) -> str:
+    """Key of the index file of a global step and worker."""
+    return f"{index_prefix(step)}/{step:012d}_{worker}.json"
+
+
+def collections_file_key(worker: str) -> str:
+    """Key of a worker's collections file."""
+    return f"{COLLECTIONS_DIR}/{worker}_collections.json"
+
+
+def parse_index_key(key: str) -> tuple[int, str] | None:
+    """Return (global step, worker) for an index file key, or None if it is not one."""
+    match = _INDEX_NAME.match(key)
+    if not match:
+        return None
+    return int(match.group(2)), match.group(3)
+
+
+def parse_collections_key(key: str) -> str | None:
+    """Return the worker of a collections file key, or None if it is not one."""
+    match = _COLLECTIONS_NAME.match(key)
+    return match.group(1) if match else None
+
+
+def check_worker_name(worker: str) -> str:
+    """Return ``worker`` if it is safe in a file name, else raise ValueError naming the fix."""
+    if not _WORKER_NAME.match(worker) or worker in (".", ".."):
+        raise ValueError(
+            f"worker name {worker!r} cannot be part of a file name: use letters, digits, '_', '-' "
+            "and '.' only (e.g. 'worker_0')"
+        )
+    return worker

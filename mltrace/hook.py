@@ -1,0 +1,507 @@
+"""The framework-neutral hook: steps and modes, collection matching, save decisions, writing.
+
+Adapters (mltrace.pytorch, ...) subclass BaseHook and supply four things: how to turn a framework
+tensor into numpy (``_to_numpy``), how to compute reductions on the device (``_reduce``), the
+worker's name and count, and the callbacks that call ``_begin_step`` / ``_save_for_tensor``.
+Everything else, the save rules of smdebug included, lives here once.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+import numpy as np
+
+from mltrace.collections import (
+    NON_REDUCTION_COLLECTIONS,
+    SCALAR_COLLECTIONS,
+    TRAIN_ONLY_COLLECTIONS,
+    Collection,
+    CollectionKeys,
+    CollectionManager,
+)
+from mltrace.config import ReductionConfig, SaveConfig
+from mltrace.exceptions import InvalidCollectionConfiguration, MltraceRuntimeError, MltraceValueError
+from mltrace.format import SCALAR_PREFIX, paths
+from mltrace.modes import ModeKeys, mode_from
+from mltrace.reductions import reduction_tensor_name
+from mltrace.storage import open_storage
+from mltrace.writer import TrialWriter
+
+logger = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable[..., Any])
+
+_current_hook: BaseHook | None = None
+
+
+def get_hook() -> BaseHook | None:
+    """The hook created last in this process (smdebug's ``get_hook``), or None."""
+    return _current_hook
+
+
+def guarded(default: Any = None) -> Callable[[F], F]:
+    """Wrap a method called from the user's training loop: an internal error is logged once and
+    disables the hook, so training goes on (unless the hook was built with ``strict=True``)."""
+
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def wrapper(self: BaseHook, *args: Any, **kwargs: Any) -> Any:
+            if self._disabled:
+                return default
+            try:
+                return fn(self, *args, **kwargs)
+            except Exception as exc:
+                if self.strict or isinstance(exc, (MltraceValueError,)) and fn.__name__ in _USER_FACING:
+                    raise
+                self._disable(f"{fn.__name__}: {type(exc).__name__}: {exc}")
+                return default
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+# Methods whose invalid arguments are the user's to fix: they raise instead of disabling.
+_USER_FACING = frozenset({"save_scalar", "save_tensor", "set_mode", "record_tensor_value"})
+
+
+class BaseHook:
+    """Saves tensors of a training job in smdebug's format.
+
+    Args:
+        out_dir: local directory (or URI of an installed storage backend) for the trial.
+        export_tensorboard: also write TensorBoard summaries (the TensorBoard issue).
+        tensorboard_dir: where TensorBoard summaries go.
+        dry_run: decide everything but write no file.
+        reduction_config: default ReductionConfig of collections that set none.
+        save_config: default SaveConfig (a SaveConfig, SaveConfigMode or {mode: SaveConfigMode}).
+        include_regex: regexes added to the ``default`` collection, which is then saved.
+        include_collections: names of collections to save (the default-saved ones are added).
+        save_all: save every tensor the hook sees (collection ``all``).
+        include_workers: "one" (only the chief writes) or "all".
+        strict: re-raise mltrace's internal errors instead of disabling the hook.
+        collection_manager: the adapter's collections (default collections already registered).
+        default_include_collections: collections saved when none are named.
+        default_saved_collections: collections always saved (smdebug: losses for PyTorch).
+    """
+
+    def __init__(
+        self,
+        out_dir: str,
+        export_tensorboard: bool = False,
+        tensorboard_dir: str | None = None,
+        dry_run: bool = False,
+        reduction_config: ReductionConfig | None = None,
+        save_config: Any = None,
+        include_regex: str | Iterable[str] | None = None,
+        include_collections: Iterable[str] | None = None,
+        save_all: bool = False,
+        include_workers: str = "one",
+        strict: bool = False,
+        *,
+        collection_manager: CollectionManager,
+        default_include_collections: Iterable[str],
+        default_saved_collections: Iterable[str],
+        default_save_config: SaveConfig | None = None,
+    ) -> None:
+        global _current_hook
+        if not out_dir:
+            raise MltraceValueError("out_dir is required: the directory the trial is written to")
+        if export_tensorboard or tensorboard_dir:
+            raise MltraceValueError(
+                "export_tensorboard/tensorboard_dir: TensorBoard export is not part of this mltrace "
+                "version yet; remove the argument (tensors are still saved to out_dir)"
+            )
+        if include_workers not in ("one", "all"):
+            raise MltraceValueError(f"include_workers={include_workers!r} must be 'one' or 'all'")
+        if reduction_config is not None and not isinstance(reduction_config, ReductionConfig):
+            raise MltraceValueError(f"reduction_config={reduction_config!r} must be a ReductionConfig")
+        self.out_dir = out_dir
+        self.dry_run = bool(dry_run)
+        self.strict = bool(strict)
+        self.include_workers = include_workers
+        self.save_all_workers = include_workers == "all"
+        self.save_config = SaveConfig.parse(save_config) if save_config is not None else (
+            default_save_config.copy() if default_save_config else SaveConfig())
+        self.reduction_config = reduction_config or ReductionConfig(save_raw_tensor=True)
+        self.collection_manager = collection_manager
+        self.storage = open_storage(out_dir)
+        if not self.dry_run and self.storage.exists(paths.END_OF_JOB_MARKER):
+            raise MltraceRuntimeError(
+                f"out_dir {out_dir!r} holds a finished run ({paths.END_OF_JOB_MARKER} exists): "
+                "use a new out_dir, or delete that one to overwrite it"
+            )
+
+        self.default_saved_collections = list(default_saved_collections)
+        names = list(default_include_collections) if include_collections is None else (
+            [include_collections] if isinstance(include_collections, str) else list(include_collections))
+        self.include_collections = list(dict.fromkeys(names + self.default_saved_collections))
+        self.save_all = bool(save_all)
+        if include_regex:
+            self.collection_manager.get(CollectionKeys.DEFAULT).include(include_regex)
+            if CollectionKeys.DEFAULT not in self.include_collections:
+                self.include_collections.append(CollectionKeys.DEFAULT)
+        if self.save_all:
+            self.collection_manager.get(CollectionKeys.ALL).include(".*")
+            if CollectionKeys.ALL not in self.include_collections:
+                self.include_collections.append(CollectionKeys.ALL)
+        for coll in self.collection_manager.get_collections().values():
+            self._adopt(coll)
+
+        # Step state (smdebug: callback hooks start at -1 so that the first step is 0).
+        self.step = -1
+        self.mode = ModeKeys.GLOBAL
+        self.mode_steps: dict[ModeKeys, int] = {m: -1 for m in ModeKeys}
+        self._prepared = False
+        self._collections_to_save: list[Collection] = []
+        self._tensor_collections: dict[str, tuple[Collection, ...]] = {}
+        self._due: frozenset[Collection] = frozenset()
+        self.step_active = False  # fast-path flag adapters test before doing any work
+        self._written_this_step: set[str] = set()
+        self._pending_scalars: list[tuple[str, np.ndarray, float | None]] = []
+        self._nan_watch: set[str] = set()
+        self._nan_buffer: list[tuple[str, np.ndarray, tuple[Collection, ...]]] = []
+        self._nan_seen = False
+        self._disabled = False
+        self._closed = False
+        self._collections_exported = False
+        self.worker = "worker_0"
+        self.num_workers = 1
+        self.writer: TrialWriter | None = None
+        self.sinks: list[Any] = []
+        _current_hook = self
+        ref = weakref.ref(self)
+        atexit.register(lambda: (h := ref()) is not None and h.close())
+        logger.info("mltrace hook writing to %s, saving collections %s", out_dir, self.include_collections)
+
+    # -- collections ----------------------------------------------------------------------------
+    def _adopt(self, coll: Collection) -> None:
+        coll._inherited_save_config = self.save_config
+        coll._inherited_reduction_config = self.reduction_config
+
+    def get_collection(self, name: str, create: bool = True) -> Collection:
+        """The collection ``name`` (created if missing and ``create``)."""
+        coll = self.collection_manager.get(name, create=create)
+        self._adopt(coll)
+        return coll
+
+    def get_collections(self) -> dict[str, Collection]:
+        """Every collection of this hook, by name."""
+        return self.collection_manager.get_collections()
+
+    def add_collection(self, collection: Collection) -> None:
+        """Add a Collection built by the user (replacing one of the same name)."""
+        self.collection_manager.add(collection)
+        self._adopt(collection)
+        if self._prepared:
+            self._prepared = False
+            self._prepare_collections()
+
+    def _prepare_collections(self) -> None:
+        """Fix what is saved, before the first step (collections may be added until then)."""
+        defaults = self._builtin_collection_names()
+        saving_all = CollectionKeys.ALL in self.include_collections
+        self._collections_to_save = []
+        for name, coll in self.collection_manager.get_collections().items():
+            self._adopt(coll)
+            if name not in defaults and not coll.include_regex and not coll.tensor_names:
+                raise InvalidCollectionConfiguration(name)
+            if name in NON_REDUCTION_COLLECTIONS:
+                coll.save_histogram = False
+                coll.reduction_config = ReductionConfig(save_raw_tensor=True)
+            if saving_all or name in self.include_collections:
+                self._collections_to_save.append(coll)
+        missing = [n for n in self.include_collections if n not in self.collection_manager.collections]
+        if missing:
+            logger.warning("include_collections names %s, which no collection has: nothing is saved "
+                           "for them (create them with hook.get_collection(name).include(regex))", missing)
+        self._tensor_collections.clear()
+        self._nan_watch = set().union(*(c.effective_save_config().watched_nan_tensors()
+                                        for c in self._collections_to_save)) | self.save_config.watched_nan_tensors()
+        self._prepared = True
+        logger.info("Monitoring the collections: %s", ", ".join(c.name for c in self._collections_to_save))
+
+    def _builtin_collection_names(self) -> set[str]:
+        return {CollectionKeys.ALL, CollectionKeys.DEFAULT}
+
+    def _collections_of(self, name: str) -> tuple[Collection, ...]:
+        """The saved collections ``name`` belongs to (memoized; records the name in them)."""
+        found = self._tensor_collections.get(name)
+        if found is None:
+            found = tuple(c for c in self._collections_to_save if c.matches(name))
+            for c in found:
+                c.add_tensor_name(name)
+            self._tensor_collections[name] = found
+        return found
+
+    # -- steps and modes ------------------------------------------------------------------------
+    @guarded()
+    def set_mode(self, mode: ModeKeys | str) -> None:
+        """Set the mode of the following steps (TRAIN, EVAL, PREDICT or GLOBAL)."""
+        self.mode = mode_from(mode)
+
+    def _begin_step(self) -> None:
+        """Close the previous step and start the next one: adapters call this at a step boundary."""
+        self._end_step()
+        if not self._prepared:
+            self._prepare_collections()
+            self._open_writer()
+        self.step += 1
+        self.mode_steps[self.mode] += 1
+        if self.mode is not ModeKeys.GLOBAL:
+            self.mode_steps[ModeKeys.GLOBAL] = self.step
+        mode_step = self.mode_steps[self.mode]
+        due = []
+        for coll in self._collections_to_save:
+            if self.mode in (ModeKeys.EVAL, ModeKeys.PREDICT) and coll.name in TRAIN_ONLY_COLLECTIONS:
+                continue
+            if coll.effective_save_config().should_save_step(self.mode, mode_step):
+                due.append(coll)
+        self._due = frozenset(due)
+        self._written_this_step.clear()
+        self._nan_seen = False
+        self.step_active = bool(due) or bool(self._nan_watch)
+        if self.writer is not None and (due or self._nan_watch):
+            self.writer.open_step(self.step, self.mode, mode_step)
+
+    def _end_step(self) -> None:
+        """Write what the current step collected (scalars, NaN-triggered tensors) and close it."""
+        if self.step < 0 or self.writer is None:
+            return
+        if self._pending_scalars:
+            if not self.writer.step_open:
+                self.writer.open_step(self.step, self.mode, self.mode_steps[self.mode])
+            for name, value, ts in self._pending_scalars:
+                self._write_record(name, value, ts)
+            self._pending_scalars.clear()
+        if self._nan_buffer:
+            if self._nan_seen:
+                logger.info("NaN seen at step %d: saving %d watched tensors", self.step, len(self._nan_buffer))
+                for name, value, colls in self._nan_buffer:
+                    self._write_tensor(name, value, value, colls, on_host=True)
+            self._nan_buffer.clear()
+        wrote = self.writer.close_step()
+        if wrote and not self._collections_exported:
+            self._export_collections()
+            self._collections_exported = True
+        self.step_active = False
+
+    def _open_writer(self) -> None:
+        self.worker, self.num_workers = self._worker_identity()
+        chief = self.worker == self._chief_worker()
+        if self.dry_run or (not self.save_all_workers and not chief):
+            self.writer = None
+            return
+        self.collection_manager.num_workers = self.num_workers if self.save_all_workers else 1
+        self.writer = TrialWriter(self.storage, self.worker)
+        self._export_collections()
+
+    def _export_collections(self) -> None:
+        if self.writer is not None:
+            self.writer.write_collections(self.collection_manager.to_json())
+
+    # Adapters override these three.
+    def _worker_identity(self) -> tuple[str, int]:
+        """(worker name, number of workers) of this process."""
+        return paths.DEFAULT_WORKER_NAME, 1
+
+    def _chief_worker(self) -> str:
+        return paths.DEFAULT_WORKER_NAME
+
+    def _to_numpy(self, value: Any) -> np.ndarray:
+        """A host numpy copy of a framework tensor (adapters override)."""
+        return as_numpy(value)
+
+    def _reduce(self, value: Any, items: list[tuple[str, bool]]) -> list[np.ndarray | None]:
+        """Compute reductions ``items`` of ``value``; adapters do it on the device."""
+        from mltrace.reductions import compute
+
+        array = self._to_numpy(value)
+        return [compute(name, array, abs_) for name, abs_ in items]
+
+    # -- saving ---------------------------------------------------------------------------------
+    def _save_for_tensor(self, name: str, value: Any) -> None:
+        """Save ``value`` under ``name`` if a collection it belongs to is due this step."""
+        colls = self._collections_of(name)
+        if not colls:
+            return
+        due = [c for c in colls if c in self._due]
+        if due:
+            self._write_tensor(name, value, None, due)
+        elif self._nan_watch:
+            self._watch_nan(name, value, colls)
+
+    def _watch_nan(self, name: str, value: Any, colls: tuple[Collection, ...]) -> None:
+        mode = self.mode
+        watching = [c for c in colls if c.effective_save_config().get_save_config(mode).when_nan]
+        if name in self._nan_watch:
+            array = self._to_numpy(value)
+            if array.dtype.kind in "fc" and np.isnan(array).any():
+                self._nan_seen = True
+            if watching:
+                self._nan_buffer.append((name, array, tuple(watching)))
+        elif watching:
+            self._nan_buffer.append((name, self._to_numpy(value), tuple(watching)))
+
+    def _write_tensor(self, name: str, value: Any, array: np.ndarray | None,
+                      colls: Iterable[Collection], on_host: bool = False) -> None:
+        """Write the shape, reductions and raw value that ``colls`` ask for."""
+        if self.writer is None or name in self._written_this_step:
+            return
+        self._written_this_step.add(name)
+        save_raw = save_shape = False
+        items: list[tuple[str, bool]] = []
+        for coll in colls:
+            config = coll.effective_reduction_config()
+            save_raw |= config.save_raw_tensor
+            save_shape |= config.save_shape
+            if coll.name not in SCALAR_COLLECTIONS:
+                items.extend(i for i in config.items() if i not in items)
+        if not self.writer.step_open:
+            self.writer.open_step(self.step, self.mode, self.mode_steps[self.mode])
+        if save_raw or save_shape:
+            if array is None:
+                array = self._to_numpy(value)
+            if save_shape:
+                self.writer.add_shape(name, array.shape)
+        if items:
+            results = self._reduce(array if on_host else value, items)
+            for (red, abs_), result in zip(items, results):
+                if result is not None:
+                    self._write_record(reduction_tensor_name(name, red, abs_), result)
+        if save_raw and array is not None and array.size:
+            self._write_record(name, array)
+        if array is not None and name in self._nan_watch and array.dtype.kind in "fc" and np.isnan(array).any():
+            self._nan_seen = True
+
+    def _write_record(self, name: str, array: np.ndarray, wall_time: float | None = None) -> None:
+        assert self.writer is not None
+        self.writer.add_tensor(name, array, self.mode, self.mode_steps[self.mode], wall_time)
+
+    @guarded()
+    def save_scalar(self, name: str, value: Any, sm_metric: bool = False, timestamp: float | None = None) -> None:
+        """Save a scalar as ``scalar/<name>`` in the current step (written at its end).
+
+        ``sm_metric=True`` also sends it to the tracking sinks (MLflow; smdebug sent it to
+        SageMaker Metrics).
+        """
+        array = self._to_numpy(value)
+        if array.size != 1:
+            raise MltraceValueError(f"save_scalar({name!r}): value has {array.size} elements; pass one number")
+        self._pending_scalars.append((SCALAR_PREFIX + name, array, timestamp))
+        if sm_metric:
+            for sink in self.sinks:
+                sink.log_scalar(name, float(array.reshape(-1)[0]), self.mode, self.mode_steps[self.mode])
+        if self.step < 0 and self.writer is None and not self._prepared:
+            self._prepare_collections()
+            self._open_writer()
+
+    @guarded()
+    def save_tensor(self, tensor_name: str, tensor_value: Any, collections_to_write: str | Iterable[str] = "default") -> None:
+        """Save a tensor of your own into the named collections (created if needed) this step,
+        if one of them is due."""
+        names = [collections_to_write] if isinstance(collections_to_write, str) else list(collections_to_write)
+        added = False
+        for cname in names:
+            coll = self.get_collection(cname)
+            coll.add_tensor_name(tensor_name)
+            if self._prepared and coll not in self._collections_to_save:
+                self._collections_to_save.append(coll)
+                added = True
+            elif not self._prepared and cname not in self.include_collections:
+                self.include_collections.append(cname)
+        if added:
+            self._tensor_collections.pop(tensor_name, None)
+            self._begin_due_refresh()
+        else:
+            self._tensor_collections.pop(tensor_name, None)
+        if self._prepared and self.step >= 0:
+            self._save_for_tensor(tensor_name, tensor_value)
+
+    def _begin_due_refresh(self) -> None:
+        """Recompute which collections are due this step after collections were added mid-step."""
+        mode_step = self.mode_steps[self.mode]
+        self._due = frozenset(
+            c for c in self._collections_to_save
+            if not (self.mode in (ModeKeys.EVAL, ModeKeys.PREDICT) and c.name in TRAIN_ONLY_COLLECTIONS)
+            and c.effective_save_config().should_save_step(self.mode, mode_step)
+        )
+        self.step_active = bool(self._due) or bool(self._nan_watch)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def _disable(self, reason: str) -> None:
+        if not self._disabled:
+            logger.error(
+                "mltrace hit an internal error and stops saving for the rest of this run (training "
+                "goes on; data already written stays readable): %s. Pass strict=True to raise instead.",
+                reason,
+            )
+        self._disabled = True
+        self.step_active = False
+        try:
+            self._finish(write_end_marker=False)
+        except Exception:  # pragma: no cover - best effort
+            logger.debug("closing after an internal error failed", exc_info=True)
+
+    def close(self) -> None:
+        """Write the last step, the collections and the end marker; also runs at interpreter exit."""
+        if self._closed:
+            return
+        try:
+            if not self._disabled:
+                self._finish(write_end_marker=True)
+        finally:
+            self._closed = True
+
+    def _finish(self, write_end_marker: bool) -> None:
+        if self.writer is None:
+            if not self._prepared and not self.dry_run and not self._disabled and self.step < 0:
+                return  # never started: leave no files
+            if self.writer is None:
+                return
+        self._end_step()
+        self._export_collections()
+        for sink in self.sinks:
+            try:
+                sink.close()
+            except Exception as exc:
+                logger.error("sink %s failed at close: %s", sink, exc)
+        if write_end_marker:
+            self.writer.write_end_marker()
+        self.writer.close()
+        self.writer = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # As smdebug: a pickled hook (DataLoader workers, multiprocessing) carries nothing.
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._disabled = True
+        self._closed = True
+        self.step_active = False
+
+
+def as_numpy(value: Any) -> np.ndarray:
+    """smdebug's conversion of host values: arrays as they are, Python and numpy scalars as
+    shape [1], lists and tuples through np.asarray.
+
+    Raises:
+        mltrace.exceptions.MltraceTypeError: anything else.
+    """
+    from mltrace.exceptions import MltraceTypeError
+
+    if isinstance(value, np.ndarray):
+        return value
+    if isinstance(value, (int, float, bool, complex, np.generic)):
+        return np.array([value])
+    if isinstance(value, (list, tuple)):
+        return np.asarray(value)
+    raise MltraceTypeError(
+        f"cannot save a value of type {type(value).__name__}: pass a numpy array, a number, a "
+        "list, or a tensor of the hook's framework"
+    )

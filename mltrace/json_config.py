@@ -1,0 +1,184 @@
+"""Hooks from smdebug's JSON configuration file (the file SageMaker wrote as debughookconfig.json).
+
+File shape::
+
+    {"LocalPath": "/path/to/out_dir",
+     "HookParameters": {"save_interval": "10", "include_regex": "fc1.*,fc2.*", "reductions": "mean,abs_max",
+                        "train.save_interval": "5", "export_tensorboard": "false", ...},
+     "CollectionConfigurations": [{"CollectionName": "weights",
+                                   "CollectionParameters": {"save_interval": "100", "include_regex": "..."}}]}
+
+Every value may be a string (the SageMaker SDK sends strings). The file is named by the argument,
+else by MLTRACE_CONFIG_FILE_PATH, else SMDEBUG_CONFIG_FILE_PATH. Invalid keys and values are
+rejected with a message naming the key, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode, parse_flag
+from mltrace.exceptions import MltraceValueError
+from mltrace.modes import ModeKeys
+
+CONFIG_ENV_VARS = ("MLTRACE_CONFIG_FILE_PATH", "SMDEBUG_CONFIG_FILE_PATH")
+_SAVE_KEYS = ("save_interval", "save_steps", "start_step", "end_step")
+_MODE_PREFIXES = {"train.": ModeKeys.TRAIN, "eval.": ModeKeys.EVAL,
+                  "predict.": ModeKeys.PREDICT, "global.": ModeKeys.GLOBAL}
+_REDUCTION_KEYS = ("reductions", "save_raw_tensor", "save_shape")
+HOOK_KEYS = frozenset(
+    {"save_all", "include_regex", "include_workers", "export_tensorboard", "tensorboard_dir",
+     "dry_run", "mlflow", "strict", *_REDUCTION_KEYS, *_SAVE_KEYS}
+    | {p + k for p in _MODE_PREFIXES for k in _SAVE_KEYS}
+)
+COLLECTION_KEYS = frozenset(
+    {"include_regex", "save_histogram", *_REDUCTION_KEYS, *_SAVE_KEYS}
+    | {p + k for p in _MODE_PREFIXES for k in _SAVE_KEYS}
+)
+
+
+@dataclass
+class HookConfig:
+    """What a JSON file says: hook constructor arguments plus per-collection settings."""
+
+    hook_kwargs: dict[str, Any] = field(default_factory=dict)
+    collections: dict[str, dict[str, Any]] = field(default_factory=dict)
+    path: str = ""
+
+
+def config_file_path(json_file_path: str | None = None) -> str:
+    """The config file to read: the argument, else the first env var set.
+
+    Raises:
+        FileNotFoundError: none given, or the file does not exist.
+    """
+    path = json_file_path or next((os.environ[v] for v in CONFIG_ENV_VARS if os.environ.get(v)), None)
+    if not path:
+        raise FileNotFoundError(
+            "no hook configuration file: pass create_from_json_file(path) or set "
+            "MLTRACE_CONFIG_FILE_PATH (or SMDEBUG_CONFIG_FILE_PATH) to the JSON file"
+        )
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"hook configuration file {path!r} does not exist")
+    return path
+
+
+def _save_config_from(params: Mapping[str, Any], where: str) -> SaveConfig | None:
+    """SaveConfig from flat keys, mode-prefixed keys overriding the plain ones per mode."""
+    if not any(k.split(".")[-1] in _SAVE_KEYS for k in params):
+        return None
+    base = {k: params[k] for k in _SAVE_KEYS if k in params}
+    modes: dict[ModeKeys, SaveConfigMode] = {}
+    try:
+        for prefix, mode in _MODE_PREFIXES.items():
+            values = dict(base)
+            values.update({k: params[prefix + k] for k in _SAVE_KEYS if prefix + k in params})
+            modes[mode] = SaveConfigMode(**values)
+    except MltraceValueError as exc:
+        raise MltraceValueError(f"{where}: {exc}") from None
+    return SaveConfig(mode_save_configs=modes)
+
+
+def _reduction_config_from(params: Mapping[str, Any], where: str) -> ReductionConfig | None:
+    if not any(k in params for k in _REDUCTION_KEYS):
+        return None
+    try:
+        return ReductionConfig.from_dict(
+            {"reductions": params.get("reductions", ""),
+             "save_raw_tensor": parse_flag("save_raw_tensor", params.get("save_raw_tensor", False)),
+             "save_shape": parse_flag("save_shape", params.get("save_shape", False))}
+        )
+    except MltraceValueError as exc:
+        raise MltraceValueError(f"{where}: {exc}") from None
+
+
+def _split(value: Any) -> list[str]:
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    return [v.strip() for v in str(value).split(",") if v.strip()]
+
+
+def _check_keys(params: Mapping[str, Any], allowed: frozenset[str], where: str) -> None:
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        raise MltraceValueError(
+            f"{where}: unknown key(s) {unknown}; allowed keys are {sorted(allowed)}"
+        )
+
+
+def parse_hook_config(doc: Mapping[str, Any], path: str = "<dict>") -> HookConfig:
+    """Turn a parsed JSON config into a HookConfig.
+
+    Raises:
+        MltraceValueError: unknown keys or invalid values, naming key, value and fix.
+    """
+    if not isinstance(doc, Mapping):
+        raise MltraceValueError(f"{path}: the configuration must be a JSON object")
+    params = doc.get("HookParameters") or {}
+    if not isinstance(params, Mapping):
+        raise MltraceValueError(f"{path}: HookParameters must be an object, got {params!r}")
+    _check_keys(params, HOOK_KEYS, f"{path} HookParameters")
+    out_dir = doc.get("LocalPath")
+    if not out_dir:
+        raise MltraceValueError(f"{path}: LocalPath (the hook's out_dir) is missing")
+    kwargs: dict[str, Any] = {"out_dir": out_dir}
+    where = f"{path} HookParameters"
+    for flag in ("save_all", "export_tensorboard", "dry_run", "strict"):
+        if flag in params:
+            kwargs[flag] = parse_flag(f"{where}.{flag}", params[flag])
+    if "include_regex" in params:
+        kwargs["include_regex"] = _split(params["include_regex"])
+    if "include_workers" in params:
+        kwargs["include_workers"] = str(params["include_workers"])
+    if params.get("tensorboard_dir"):
+        kwargs["tensorboard_dir"] = str(params["tensorboard_dir"])
+    if "mlflow" in params:
+        kwargs["mlflow"] = params["mlflow"]
+    save_config = _save_config_from(params, where)
+    if save_config is not None:
+        kwargs["save_config"] = save_config
+    reduction_config = _reduction_config_from(params, where)
+    if reduction_config is not None:
+        kwargs["reduction_config"] = reduction_config
+
+    collections: dict[str, dict[str, Any]] = {}
+    for i, entry in enumerate(doc.get("CollectionConfigurations") or []):
+        if not isinstance(entry, Mapping) or not entry.get("CollectionName"):
+            raise MltraceValueError(
+                f"{path}: CollectionConfigurations[{i}] must be an object with CollectionName"
+            )
+        name = str(entry["CollectionName"])
+        cparams = entry.get("CollectionParameters") or {}
+        cwhere = f"{path} collection {name!r}"
+        _check_keys(cparams, COLLECTION_KEYS, cwhere)
+        settings: dict[str, Any] = {}
+        if "include_regex" in cparams:
+            settings["include_regex"] = _split(cparams["include_regex"])
+        if "save_histogram" in cparams:
+            settings["save_histogram"] = parse_flag(f"{cwhere}.save_histogram", cparams["save_histogram"])
+        # Per-collection save keys inherit unspecified values from HookParameters, per mode.
+        merged = {k: v for k, v in params.items() if k.split(".")[-1] in _SAVE_KEYS}
+        merged.update({k: v for k, v in cparams.items() if k.split(".")[-1] in _SAVE_KEYS})
+        if any(k.split(".")[-1] in _SAVE_KEYS for k in cparams):
+            settings["save_config"] = _save_config_from(merged, cwhere)
+        reduction = _reduction_config_from(cparams, cwhere)
+        if reduction is not None:
+            settings["reduction_config"] = reduction
+        collections[name] = settings
+    kwargs["include_collections"] = list(collections) or None
+    return HookConfig(hook_kwargs=kwargs, collections=collections, path=path)
+
+
+def load_hook_config(json_file_path: str | None = None) -> HookConfig:
+    """Read and parse the hook configuration file (see config_file_path)."""
+    path = config_file_path(json_file_path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except ValueError as exc:
+        raise MltraceValueError(f"hook configuration file {path!r} is not valid JSON: {exc}") from None
+    return parse_hook_config(doc, path)

@@ -1,0 +1,335 @@
+"""PyTorch adapter: ``Hook`` for ``nn.Module`` training loops, with smdebug's names and defaults.
+
+Tensor names (as smdebug's PyTorch hook): parameters ``<RootClass>_<param path>`` (saved at the
+start of each step, before the update), gradients ``gradient/<RootClass>_<param path>``, module
+inputs/outputs ``<module path>_input_<i>`` / ``<module path>_output_<i>`` (the root module by its
+class name), losses ``<LossClass>_output_0``.
+
+Example:
+    >>> import mltrace.pytorch as smd
+    >>> hook = smd.Hook(out_dir="/tmp/run", save_config=smd.SaveConfig(save_interval=10),
+    ...                 include_collections=["weights", "gradients", "losses"])
+    >>> hook.register_module(model); hook.register_loss(loss_fn)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from mltrace import modes
+from mltrace.collections import Collection as _CoreCollection
+from mltrace.collections import CollectionKeys, CollectionManager
+from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
+from mltrace.exceptions import MltraceTypeError, MltraceValueError
+from mltrace.format.tensors import BFloat16Bits
+from mltrace.hook import BaseHook, as_numpy, get_hook, guarded
+from mltrace.json_config import load_hook_config
+from mltrace.reductions import canonical_name
+from mltrace.trials import create_trial
+
+DEFAULT_COLLECTIONS = {
+    CollectionKeys.ALL: [],
+    CollectionKeys.DEFAULT: [],
+    CollectionKeys.WEIGHTS: ["^(?!gradient).*weight"],
+    CollectionKeys.BIASES: ["^(?!gradient).*bias"],
+    CollectionKeys.GRADIENTS: ["^gradient"],
+    CollectionKeys.LOSSES: ["[Ll]oss_(?!input).*output"],
+}
+DEFAULT_INCLUDE_COLLECTIONS = [CollectionKeys.LOSSES]
+TORNASOLE_INCLUDE_COLLECTIONS = [CollectionKeys.WEIGHTS, CollectionKeys.BIASES, CollectionKeys.GRADIENTS]
+GRADIENT_PREFIX = "gradient/"
+
+
+class Collection(_CoreCollection):
+    """A collection that can also hold a module's inputs and outputs."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._modules: dict[torch.nn.Module, tuple[bool, bool]] = {}
+
+    def add_module_tensors(self, module: torch.nn.Module, inputs: bool = False, outputs: bool = True) -> None:
+        """Save ``module``'s inputs and/or outputs with this collection (names are resolved when
+        the hook registers the model, so this may be called before the hook exists)."""
+        if not isinstance(module, torch.nn.Module):
+            raise MltraceTypeError(f"add_module_tensors needs a torch.nn.Module, got {type(module).__name__}")
+        self._modules[module] = (inputs, outputs)
+
+    @property
+    def modules(self) -> dict[torch.nn.Module, tuple[bool, bool]]:
+        """Modules added with add_module_tensors, with their (inputs, outputs) flags."""
+        return self._modules
+
+
+def _collection_manager() -> CollectionManager:
+    manager = CollectionManager(collection_class=Collection)
+    for name, regexes in DEFAULT_COLLECTIONS.items():
+        manager.get(name).include(regexes)
+    return manager
+
+
+# Collections made with smd.get_collection(...) before a hook exists (seed 000 does this) land
+# here and are handed to the next hook created.
+_pending = _collection_manager()
+
+
+def get_collection(name: str, create: bool = True) -> Collection:
+    """The collection ``name`` of the current hook, or of the hook about to be created."""
+    hook = get_hook()
+    if isinstance(hook, Hook) and not hook._closed:
+        return hook.get_collection(name, create)  # type: ignore[return-value]
+    return _pending.get(name, create)  # type: ignore[return-value]
+
+
+def add_to_collection(collection_name: str, args: Any) -> None:
+    """Add tensor names (or regexes) to a collection, as smdebug's module-level helper."""
+    get_collection(collection_name).include(args)
+
+
+class Hook(BaseHook):
+    """Saves weights, biases, gradients, losses and module inputs/outputs of a PyTorch model.
+
+    Args: as mltrace.hook.BaseHook (smdebug's constructor), plus ``saveall`` (Tornasole's
+    spelling of ``save_all``).
+    """
+
+    _default_include = DEFAULT_INCLUDE_COLLECTIONS
+
+    def __init__(
+        self,
+        out_dir: str | None = None,
+        export_tensorboard: bool = False,
+        tensorboard_dir: str | None = None,
+        dry_run: bool = False,
+        reduction_config: ReductionConfig | None = None,
+        save_config: Any = None,
+        include_regex: str | Iterable[str] | None = None,
+        include_collections: Iterable[str] | None = None,
+        save_all: bool = False,
+        include_workers: str = "one",
+        strict: bool = False,
+        saveall: bool | None = None,
+    ) -> None:
+        global _pending
+        manager, _pending = _pending, _collection_manager()
+        super().__init__(
+            out_dir,  # type: ignore[arg-type]
+            export_tensorboard, tensorboard_dir, dry_run, reduction_config, save_config,
+            include_regex, include_collections, bool(save_all or saveall), include_workers, strict,
+            collection_manager=manager,
+            default_include_collections=self._default_include,
+            default_saved_collections=DEFAULT_INCLUDE_COLLECTIONS,
+        )
+        self._modules: list[torch.nn.Module] = []
+        self._root_names: dict[int, str] = {}
+        self._io_index: dict[str, int] = {}
+
+    @classmethod
+    def create_from_json_file(cls, json_file_path: str | None = None) -> Hook:
+        """Build a hook from smdebug's JSON configuration (see mltrace.json_config)."""
+        config = load_hook_config(json_file_path)
+        hook = cls(**config.hook_kwargs)
+        for name, settings in config.collections.items():
+            coll = hook.get_collection(name)
+            for key, value in settings.items():
+                if key == "include_regex":
+                    coll.include(value)
+                else:
+                    setattr(coll, key, value)
+        return hook
+
+    # -- worker identity --------------------------------------------------------------------------
+    def _worker_identity(self) -> tuple[str, int]:
+        if dist.is_available() and dist.is_initialized():
+            return f"worker_{dist.get_rank()}", dist.get_world_size()
+        return "worker_0", 1
+
+    # -- registration -----------------------------------------------------------------------------
+    @guarded()
+    def register_module(self, module: torch.nn.Module) -> None:
+        """Attach the hook to a model: step boundaries, parameters, gradients, module I/O."""
+        if not isinstance(module, torch.nn.Module):
+            raise MltraceTypeError(f"register_module needs a torch.nn.Module, got {type(module).__name__}")
+        if any(module is m for m in self._modules):
+            raise MltraceValueError("this module is already registered with the hook; register it once")
+        root = module._get_name()
+        for name, sub in module.named_modules():
+            sub._mltrace_name = name  # type: ignore[assignment]
+        module._mltrace_name = root  # type: ignore[assignment]
+        self._modules.append(module)
+        module.register_forward_pre_hook(self._forward_pre_hook)
+        for sub in module.modules():
+            sub.register_forward_hook(self._forward_hook)
+        for pname, param in module.named_parameters():
+            if param.requires_grad:  # frozen parameters get no gradient (smdebug issue #184)
+                param.register_hook(self._gradient_hook(f"{GRADIENT_PREFIX}{root}_{pname}"))
+        self._root_names[id(module)] = root
+
+    register_hook = register_module  # Tornasole's name
+
+    @guarded()
+    def register_loss(self, loss_module: torch.nn.Module) -> None:
+        """Save the output of a loss module as ``<LossClass>_output_0`` (collection losses)."""
+        if not isinstance(loss_module, torch.nn.Module):
+            raise MltraceTypeError(f"register_loss needs a loss module, got {type(loss_module).__name__}")
+        loss_module._mltrace_name = loss_module._get_name()  # type: ignore[assignment]
+        loss_module.register_forward_hook(self._forward_hook)
+
+    # -- callbacks from PyTorch -------------------------------------------------------------------
+    def _resolve_module_collections(self) -> None:
+        for coll in self.collection_manager.get_collections().values():
+            for module, (inputs, outputs) in getattr(coll, "modules", {}).items():
+                name = getattr(module, "_mltrace_name", None)
+                if name is None:
+                    raise MltraceValueError(
+                        f"collection {coll.name!r} holds a module that is not part of a registered "
+                        "model: call hook.register_module(model) on the model that contains it"
+                    )
+                if inputs:
+                    coll.include(f"^{_escape(name)}_input_")
+                if outputs:
+                    coll.include(f"^{_escape(name)}_output_")
+
+    def _prepare_collections(self) -> None:
+        self._resolve_module_collections()
+        super()._prepare_collections()
+
+    @guarded()
+    def _forward_pre_hook(self, module: torch.nn.Module, inputs: Any) -> None:
+        if module is not self._modules[0]:
+            return
+        self._begin_step()
+        self._io_index.clear()
+        if self.step_active:
+            root = self._root_names[id(module)]
+            for pname, param in module.named_parameters():
+                self._save_for_tensor(f"{root}_{pname}", param.detach())
+
+    @guarded()
+    def _forward_hook(self, module: torch.nn.Module, inputs: Any, outputs: Any) -> None:
+        if not self.step_active:
+            return
+        name = module._mltrace_name  # type: ignore[attr-defined]
+        self._save_io(name, "_input_", inputs)
+        self._save_io(name, "_output_", outputs)
+
+    def _gradient_hook(self, name: str) -> Any:
+        def on_gradient(grad: torch.Tensor) -> None:
+            if self.step_active and grad is not None:
+                self._save_gradient(name, grad)
+
+        return on_gradient
+
+    @guarded()
+    def _save_gradient(self, name: str, grad: torch.Tensor) -> None:
+        self._save_for_tensor(name, grad.detach())
+
+    def _save_io(self, module_name: str, suffix: str, value: Any) -> None:
+        prefix = module_name + suffix
+        index = self._io_index.get(prefix, 0)
+        for tensor in _flatten_tensors(value):
+            self._save_for_tensor(f"{prefix}{index}", tensor.detach())
+            index += 1
+        self._io_index[prefix] = index
+
+    @guarded()
+    def record_tensor_value(self, tensor_name: str, tensor_value: torch.Tensor) -> None:
+        """Save a value computed outside a module (a functional loss) as ``<name>_output_0``."""
+        if not isinstance(tensor_value, torch.Tensor):
+            raise MltraceTypeError(f"record_tensor_value({tensor_name!r}) needs a torch.Tensor")
+        if self.step_active:
+            self._save_io(tensor_name, "_output_", tensor_value)
+
+    # -- tensor conversion ------------------------------------------------------------------------
+    def _to_numpy(self, value: Any) -> np.ndarray:
+        if not isinstance(value, torch.Tensor):
+            return as_numpy(value)
+        tensor = value.detach()
+        if tensor.dtype == torch.bfloat16:
+            return tensor.cpu().view(torch.uint16).numpy().view(BFloat16Bits)
+        return tensor.cpu().resolve_conj().resolve_neg().numpy()
+
+    def _reduce(self, value: Any, items: list[tuple[str, bool]]) -> list[np.ndarray | None]:
+        # Complex tensors and huge medians take numpy's path on the host.
+        big_median = any(n == "median" for n, _ in items) and getattr(value, "numel", lambda: 0)() > _QUANTILE_LIMIT
+        if not isinstance(value, torch.Tensor) or value.is_complex() or big_median:
+            return super()._reduce(value, items)
+        if value.numel() == 0:
+            return [None] * len(items)
+        t = value.detach().reshape(-1)
+        if not t.is_floating_point():
+            t = t.double()  # ints and bools reduce in float64, as numpy's definition here says
+        elif t.dtype in (torch.float16, torch.bfloat16):
+            t = t.float()
+        names = [canonical_name(name) for name, _ in items]
+        outs = [_torch_reduction(t, name, abs_).double() for name, (_, abs_) in zip(names, items)]
+        host = torch.stack(outs).cpu().numpy()  # one device-to-host copy per tensor
+        return [np.asarray(np.int64(h) if n in _COUNTS else h) for n, h in zip(names, host)]
+
+
+_QUANTILE_LIMIT = 16_000_000
+_COUNTS = ("nan_count", "inf_count")
+
+
+def _torch_reduction(t: torch.Tensor, name: str, abs_: bool) -> torch.Tensor:
+    """numpy's definitions (ddof=0, flattened norms) with torch ops, on the tensor's device."""
+    if abs_:
+        t = t.abs()
+    if name == "min":
+        return t.min()
+    if name == "max":
+        return t.max()
+    if name == "mean":
+        return t.mean()
+    if name == "std":
+        return t.std(correction=0)
+    if name == "variance":
+        return t.var(correction=0)
+    if name == "sum":
+        return t.sum()
+    if name == "prod":
+        return t.prod()
+    if name == "median":
+        return t.double().quantile(0.5)
+    if name == "l1":
+        return t.abs().sum()
+    if name == "l2":
+        return t.abs().square().sum().sqrt() if t.is_complex() else torch.linalg.vector_norm(t, 2)
+    if name == "nan_count":
+        return torch.isnan(t).sum()
+    if name == "inf_count":
+        return torch.isinf(t).sum()
+    if name == "zero_fraction":
+        return (t == 0).sum().double() / t.numel()
+    raise MltraceValueError(f"unknown reduction {name!r}")
+
+
+def _flatten_tensors(value: Any) -> list[torch.Tensor]:
+    """Tensors in (nested) tuples and lists, in order; anything else is skipped (as smdebug)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _flatten_tensors(v)]
+    return []
+
+
+def _escape(name: str) -> str:
+    import re
+
+    return re.escape(name)
+
+
+class TornasoleHook(Hook):
+    """Seed 000's Tornasole hook: saves weights, biases and gradients when no collection is named."""
+
+    _default_include = TORNASOLE_INCLUDE_COLLECTIONS
+
+
+__all__ = [
+    "Hook", "TornasoleHook", "Collection", "SaveConfig", "SaveConfigMode", "ReductionConfig", "modes",
+    "get_collection", "add_to_collection", "get_hook", "create_trial",
+]

@@ -1,0 +1,39 @@
+"""The Storage interface: what the writer and the readers need from a place that holds a trial.
+
+Keys are "/"-separated paths relative to the trial root (see mltrace.format.paths).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+
+class Storage(ABC):
+    """A trial's location: a local directory (local.py) or an S3 prefix (the S3 issue)."""
+
+    #: the location as the user gave it (path or URI), for messages.
+    uri: str
+
+    @abstractmethod
+    def write(self, key: str, data: bytes) -> None:
+        """Write ``data`` at ``key`` atomically: a reader sees the whole file or none of it."""
+
+    @abstractmethod
+    def read(self, key: str, start: int = 0, length: int | None = None) -> bytes:
+        """Read ``length`` bytes from ``start`` (all of the rest when None).
+
+        Raises:
+            FileNotFoundError: no such key.
+        """
+
+    @abstractmethod
+    def list(self, prefix: str, start_after: str | None = None) -> list[str]:
+        """Keys under ``prefix`` (a folder), sorted, only those > ``start_after`` when given."""
+
+    @abstractmethod
+    def exists(self, key: str) -> bool:
+        """True if ``key`` exists."""
+
+    def local_path(self, key: str) -> str | None:
+        """A filesystem path for ``key`` when the storage is local, else None."""
+        return None

@@ -1,0 +1,85 @@
+"""Local directory storage: atomic writes by temp file + rename in the same directory."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from mltrace.exceptions import MltraceValueError
+from mltrace.storage.base import Storage
+
+
+class LocalStorage(Storage):
+    """A trial in a local directory.
+
+    Args:
+        root: the directory (``~`` expanded); created on first write.
+    """
+
+    def __init__(self, root: str) -> None:
+        self.uri = root
+        self.root = os.path.abspath(os.path.expanduser(root))
+        self._made_dirs: set[str] = set()
+
+    def _path(self, key: str) -> str:
+        parts = key.split("/")
+        if key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise MltraceValueError(f"storage key {key!r} must be a relative path without '..'")
+        return os.path.join(self.root, *parts)
+
+    def local_path(self, key: str) -> str:
+        return self._path(key)
+
+    def write(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        folder = os.path.dirname(path)
+        if folder not in self._made_dirs:
+            os.makedirs(folder, exist_ok=True)
+            self._made_dirs.add(folder)
+        # The temp file sits beside the target so that rename is atomic; readers skip *.tmp.
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+    def read(self, key: str, start: int = 0, length: int | None = None) -> bytes:
+        with open(self._path(key), "rb") as f:
+            if start:
+                f.seek(start)
+            return f.read() if length is None else f.read(length)
+
+    def list(self, prefix: str, start_after: str | None = None) -> list[str]:
+        base = self._path(prefix.rstrip("/")) if prefix.strip("/") else self.root
+        keys: list[str] = []
+        if not os.path.isdir(base):
+            return keys
+        for dirpath, dirnames, filenames in os.walk(base):
+            rel = os.path.relpath(dirpath, self.root).replace(os.sep, "/")
+            rel = "" if rel == "." else rel + "/"
+            if start_after:
+                # A folder whose keys all sort before start_after is skipped whole (old index/
+                # folders), which keeps incremental listing cheap on long runs.
+                dirnames[:] = [d for d in dirnames if not _all_before(rel + d + "/", start_after)]
+            for name in filenames:
+                if name.startswith(".") or name.endswith(".tmp"):
+                    continue
+                key = rel + name
+                if start_after is None or key > start_after:
+                    keys.append(key)
+        keys.sort()
+        return keys
+
+    def exists(self, key: str) -> bool:
+        return os.path.exists(self._path(key))
+
+
+def _all_before(folder: str, start_after: str) -> bool:
+    """True if every key under ``folder`` (ending in "/") sorts at or before ``start_after``."""
+    return folder < start_after and not start_after.startswith(folder)

@@ -1,0 +1,151 @@
+"""Read-only view of one tensor of a trial: values, reductions and shapes over steps."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from mltrace.exceptions import (
+    InvalidWorker,
+    ShapeUnavailableForStep,
+    TensorUnavailableForStep,
+)
+from mltrace.modes import ModeKeys, mode_from
+from mltrace.reductions import canonical_name, compute
+
+if TYPE_CHECKING:
+    from mltrace.trials import Trial
+
+
+class Tensor:
+    """A tensor of a trial; every method refreshes a live trial before answering.
+
+    Steps are mode steps when a mode is given, global steps for GLOBAL (the default).
+    """
+
+    def __init__(self, name: str, trial: Trial) -> None:
+        self.name = name
+        self.original_name = name
+        self.trial = trial
+
+    # -- steps ------------------------------------------------------------------------------------
+    def steps(self, mode: ModeKeys | str = ModeKeys.GLOBAL, show_incomplete_steps: bool = False) -> list[int]:
+        """Steps of ``mode`` where this tensor, a reduction of it or its shape was saved."""
+        mode = mode_from(mode)
+        self.trial.maybe_refresh()
+        entries = self.trial._entries(self.name)
+        steps = entries.global_steps()
+        if not show_incomplete_steps:
+            steps = {s for s in steps if self.trial._is_complete(s)}
+        return self.trial._index.steps_of(steps, mode)
+
+    def prev_steps(self, step: int, n: int | None = None, mode: ModeKeys | str = ModeKeys.GLOBAL) -> list[int]:
+        """The last ``n`` steps (all if None) at or before ``step``."""
+        earlier = [s for s in self.steps(mode) if s <= step]
+        return earlier if n is None else earlier[-n:]
+
+    def workers(self, step: int, mode: ModeKeys | str = ModeKeys.GLOBAL) -> list[str]:
+        """Workers that saved this tensor at ``step``."""
+        g = self._global(step, mode_from(mode))
+        entries = self.trial._entries(self.name)
+        found = set(entries.values.get(g, {})) | set(entries.reductions.get(g, {})) | set(entries.shapes.get(g, {}))
+        return sorted(found)
+
+    # -- values -----------------------------------------------------------------------------------
+    def value(self, step_num: int, mode: ModeKeys | str = ModeKeys.GLOBAL, worker: str | None = None) -> np.ndarray:
+        """The saved value at ``step_num``.
+
+        Raises:
+            TensorUnavailableForStep: not saved at that step (maybe only reductions were).
+            StepUnavailable, NoMoreData: the step itself was never saved / training ended.
+        """
+        mode = mode_from(mode)
+        g = self._global(step_num, mode)
+        entries = self.trial._entries(self.name)
+        by_worker = entries.values.get(g)
+        if not by_worker:
+            raise TensorUnavailableForStep(self.name, step_num, mode, has_reductions=g in entries.reductions)
+        loc = by_worker[self._pick_worker(by_worker, worker)]
+        return self.trial._read_tensor(loc, self.name, step_num, mode)
+
+    def values(self, mode: ModeKeys | str = ModeKeys.GLOBAL, worker: str | None = None) -> dict[int, np.ndarray]:
+        """{step: value} over the complete steps of ``mode`` where the value was saved."""
+        mode = mode_from(mode)
+        out = {}
+        entries = self.trial._entries(self.name)
+        for step in self.steps(mode):
+            g = self.trial._index.to_global(step, mode)
+            if g is not None and g in entries.values:
+                out[step] = self.value(step, mode, worker)
+        return out
+
+    def reduction_value(
+        self, step_num: int, reduction_name: str, mode: ModeKeys | str = ModeKeys.GLOBAL,
+        worker: str | None = None, abs: bool = False,
+    ) -> np.ndarray:
+        """A reduction at ``step_num``: the stored one, else computed from the raw value.
+
+        Raises:
+            TensorUnavailableForStep: neither the reduction nor the raw value was saved.
+        """
+        mode = mode_from(mode)
+        name = canonical_name(reduction_name)
+        g = self._global(step_num, mode)
+        entries = self.trial._entries(self.name)
+        stored = entries.reductions.get(g)
+        if stored:
+            w = self._pick_worker(stored, worker)
+            loc = stored[w].get((name, abs))
+            if loc is not None:
+                return self.trial._read_tensor(loc, self.name, step_num, mode).reshape(())
+        if g in entries.values:
+            result = compute(name, self.value(step_num, mode, worker), abs)
+            if result is not None:
+                return result
+        raise TensorUnavailableForStep(self.name, step_num, mode)
+
+    def reduction_values(self, step_num: int, mode: ModeKeys | str = ModeKeys.GLOBAL,
+                         worker: str | None = None) -> dict[tuple[str, bool], np.ndarray]:
+        """{(reduction, abs): value} of the reductions stored at ``step_num``."""
+        mode = mode_from(mode)
+        g = self._global(step_num, mode)
+        stored = self.trial._entries(self.name).reductions.get(g) or {}
+        if not stored:
+            return {}
+        w = self._pick_worker(stored, worker)
+        return {k: self.trial._read_tensor(loc, self.name, step_num, mode).reshape(())
+                for k, loc in stored[w].items()}
+
+    def shape(self, step_num: int, mode: ModeKeys | str = ModeKeys.GLOBAL, worker: str | None = None) -> tuple[int, ...]:
+        """The shape at ``step_num``, from the index (save_shape) or from the value."""
+        mode = mode_from(mode)
+        g = self._global(step_num, mode)
+        entries = self.trial._entries(self.name)
+        shapes = entries.shapes.get(g)
+        if shapes:
+            return tuple(shapes[self._pick_worker(shapes, worker)])
+        if g in entries.values:
+            return tuple(self.value(step_num, mode, worker).shape)
+        raise ShapeUnavailableForStep(self.name, step_num, mode)
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def _global(self, step: int, mode: ModeKeys) -> int:
+        g = self.trial._index.to_global(step, mode)
+        if g is None:
+            self.trial.maybe_refresh(force=True)
+            g = self.trial._index.to_global(step, mode)
+        if g is None:
+            self.trial._raise_for_missing_step(step, mode, self.name)
+        return g  # type: ignore[return-value]
+
+    @staticmethod
+    def _pick_worker(by_worker: dict, worker: str | None) -> str:
+        if worker is None:
+            return min(by_worker)
+        if worker not in by_worker:
+            raise InvalidWorker(worker)
+        return worker
+
+    def __repr__(self) -> str:
+        return f"<Tensor {self.name!r} of trial {self.trial.name!r}>"

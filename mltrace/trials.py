@@ -1,0 +1,372 @@
+"""The reader: ``create_trial(path)`` and Trial, smdebug's analysis API over a trial directory.
+
+Index-driven: a refresh lists only index files it has not read (``start_after`` the last complete
+step), reads them, and records where each record lives; a value is then one ranged read of one
+record, checked against the CRC the index stores. A trial opened during training sees new steps
+as they land and learns that training ended from ``training_job_end.ts``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections.abc import Iterable
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from mltrace._trial_index import Location, TensorEntries, TrialIndex
+from mltrace.collections import Collection, CollectionManager
+from mltrace.exceptions import (
+    CorruptRecordError,
+    IndexReaderException,
+    MissingCollectionFiles,
+    MltraceValueError,
+    NoMoreData,
+    StepNotYetAvailable,
+    StepUnavailable,
+    TensorUnavailable,
+    TensorUnavailableForStep,
+)
+from mltrace.format import paths
+from mltrace.format._wire import WireError
+from mltrace.format.crc32c import crc32c
+from mltrace.format.events import decode_event
+from mltrace.format.index import decode_index
+from mltrace.format.records import unframe_record
+from mltrace.modes import ModeKeys, mode_from
+from mltrace.storage import open_storage
+from mltrace.tensor import Tensor
+
+logger = logging.getLogger(__name__)
+
+#: How long create_trial waits for a first collections file (seconds); MLTRACE_TRIAL_WAIT overrides.
+DEFAULT_CREATE_TIMEOUT = 10.0
+#: How long wait_for_steps waits by default (seconds); MLTRACE_STEP_WAIT overrides.
+DEFAULT_STEP_TIMEOUT = 3600.0
+POLL_INTERVAL = 0.5
+
+
+class StepState(Enum):
+    """Whether a step can be read: smdebug's three answers."""
+
+    UNAVAILABLE = 0
+    AVAILABLE = 1
+    NOT_YET_AVAILABLE = 2
+
+
+def _env_seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise MltraceValueError(f"{name}={raw!r} must be a number of seconds") from None
+
+
+class Trial:
+    """A training run's saved tensors.
+
+    Args:
+        path: the hook's out_dir (local path or a URI of an installed storage backend).
+        name: a display name (default: the last path component).
+        range_steps: (begin, end) global steps to load, end exclusive; None loads all.
+        timeout: seconds to wait for the first collections file before raising
+            MissingCollectionFiles (default 10, or MLTRACE_TRIAL_WAIT).
+        poll_interval: seconds between polls while waiting.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        name: str | None = None,
+        range_steps: tuple[int | None, int | None] | None = None,
+        timeout: float | None = None,
+        poll_interval: float = POLL_INTERVAL,
+        **_ignored: Any,
+    ) -> None:
+        self.path = path.strip()
+        self.name = name or os.path.basename(self.path.rstrip("/")) or self.path
+        self.storage = open_storage(self.path)
+        self.range_steps = range_steps
+        self.poll_interval = poll_interval
+        self._index = TrialIndex()
+        self._read_keys: set[str] = set()
+        self._token: str | None = None
+        self.loaded_all_steps = False
+        self.last_complete_step = -1
+        self.dynamic_refresh = True
+        self.skipped_files: list[str] = []
+        self._workers: set[str] = set()
+        self._load_collections(_env_seconds("MLTRACE_TRIAL_WAIT", DEFAULT_CREATE_TIMEOUT) if timeout is None else timeout)
+        self.refresh_data()
+
+    # -- loading --------------------------------------------------------------------------------
+    def _collection_keys(self) -> list[str]:
+        return [k for k in self.storage.list(paths.COLLECTIONS_DIR) if paths.parse_collections_key(k)]
+
+    def _load_collections(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        keys = self._collection_keys()
+        while not keys:
+            if self.storage.exists(paths.END_OF_JOB_MARKER) or time.monotonic() >= deadline:
+                raise MissingCollectionFiles(self.path, time.monotonic() - start)
+            time.sleep(min(self.poll_interval, max(0.0, deadline - time.monotonic())))
+            keys = self._collection_keys()
+        first = keys[0]
+        self._collection_manager = CollectionManager.from_json(
+            self.storage.read(first), where=f"{self.storage.uri}/{first}"
+        )
+        self.num_workers = max(1, self._collection_manager.num_workers)
+        while len(keys) < self.num_workers and time.monotonic() < deadline:
+            time.sleep(self.poll_interval)
+            keys = self._collection_keys()
+        if len(keys) < self.num_workers:
+            logger.warning("trial %s expects %d workers but has collections files of %d so far",
+                           self.path, self.num_workers, len(keys))
+        self._workers = {paths.parse_collections_key(k) for k in keys}  # type: ignore[misc]
+
+    def refresh_data(self) -> None:
+        """Read index files that appeared since the last refresh."""
+        ended = self.storage.exists(paths.END_OF_JOB_MARKER)
+        self._ingest(self.storage.list(paths.INDEX_DIR, start_after=self._token))
+        if ended:
+            self.loaded_all_steps = True
+            if self._index.step_workers:
+                self.last_complete_step = max(self._index.step_workers)
+
+    def _ingest(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            if key in self._read_keys:
+                continue
+            parsed = paths.parse_index_key(key)
+            if parsed is None:
+                continue
+            step, worker = parsed
+            self._read_keys.add(key)
+            if self.range_steps is not None:
+                begin, end = self.range_steps
+                if (begin is not None and step < begin) or (end is not None and step >= end):
+                    continue
+            try:
+                index = decode_index(self.storage.read(key), f"{self.storage.uri}/{key}")
+            except (IndexReaderException, OSError) as exc:
+                logger.warning("skipping step %d of worker %s: %s", step, worker, exc)
+                self.skipped_files.append(key)
+                continue
+            self._index.ingest(step, worker, index)
+            self._workers.add(worker)
+        self._advance_complete_steps()
+
+    def _advance_complete_steps(self) -> None:
+        complete = [s for s, ws in self._index.step_workers.items()
+                    if s > self.last_complete_step and len(ws) >= self.num_workers]
+        if complete:
+            self.last_complete_step = max(complete)
+            last_worker = max(self._index.step_workers[self.last_complete_step])
+            self._token = paths.index_file_key(self.last_complete_step, last_worker)
+
+    def maybe_refresh(self, name: str | None = None, force: bool = False) -> None:
+        """Refresh unless training has ended (or refresh is switched off)."""
+        if self.loaded_all_steps or not (self.dynamic_refresh or force):
+            return
+        self.refresh_data()
+
+    # -- collections --------------------------------------------------------------------------
+    def collections(self) -> dict[str, Collection]:
+        """The collections of the trial (from the first worker's collections file)."""
+        return self._collection_manager.get_collections()
+
+    def collection(self, name: str) -> Collection:
+        """One collection by name."""
+        try:
+            return self._collection_manager.get(name, create=False)
+        except KeyError:
+            raise MltraceValueError(
+                f"collection {name!r} is not in trial {self.name!r}; it has {sorted(self.collections())}"
+            ) from None
+
+    def tensors_in_collection(self, coll: str | Collection) -> list[Tensor]:
+        """Tensor objects of the tensors that belong to a collection."""
+        return [self.tensor(n) for n in self.tensor_names(collection=coll)]
+
+    # -- tensors ------------------------------------------------------------------------------
+    def tensor_names(
+        self, show_prefixed_tensors: bool = False, *, step: int | None = None,
+        mode: ModeKeys | str = ModeKeys.GLOBAL, regex: str | list[str] | None = None,
+        collection: str | Collection | None = None,
+    ) -> list[str]:
+        """Sorted tensor names, optionally those saved at ``step`` (of ``mode``), matching
+        ``regex`` (re.search, any of a list) or belonging to ``collection`` (not both)."""
+        if regex is not None and collection is not None:
+            raise MltraceValueError("pass regex or collection to tensor_names, not both")
+        self.maybe_refresh()
+        mode = mode_from(mode)
+        names = set(self._index.tensors)
+        if step is not None:
+            g = self._index.to_global(step, mode)
+            names = {n for n in names if g is not None and g in self._index.tensors[n].global_steps()}
+        if regex is not None:
+            patterns = [re.compile(r) for r in ([regex] if isinstance(regex, str) else regex)]
+            names = {n for n in names if any(p.search(n) for p in patterns)}
+        if collection is not None:
+            coll = collection if isinstance(collection, Collection) else self.collection(collection)
+            names = {n for n in names if coll.matches(n)}
+        if not names:
+            logger.debug("tensor_names found no tensor for step=%s regex=%s collection=%s", step, regex, collection)
+        return sorted(names)
+
+    def has_tensor(self, name: str) -> bool:
+        """True if the trial holds tensor ``name``."""
+        if name not in self._index.tensors:
+            self.maybe_refresh()
+        return name in self._index.tensors
+
+    def tensor(self, name: str) -> Tensor:
+        """The Tensor ``name``.
+
+        Raises:
+            TensorUnavailable: no such tensor (yet).
+        """
+        if not self.has_tensor(name):
+            raise TensorUnavailable(name)
+        return Tensor(name, self)
+
+    def _entries(self, name: str) -> TensorEntries:
+        return self._index.tensors[name]
+
+    # -- steps and modes -------------------------------------------------------------------------
+    def _is_complete(self, step: int) -> bool:
+        return (self.loaded_all_steps or step <= self.last_complete_step
+                or len(self._index.step_workers.get(step, ())) >= self.num_workers)
+
+    def steps(self, mode: ModeKeys | str = ModeKeys.GLOBAL, show_incomplete_steps: bool = False) -> list[int]:
+        """Saved steps of ``mode`` (mode steps; global steps for GLOBAL), complete ones only
+        unless ``show_incomplete_steps``."""
+        self.maybe_refresh()
+        steps = set(self._index.step_workers)
+        if not show_incomplete_steps:
+            steps = {s for s in steps if self._is_complete(s)}
+        return self._index.steps_of(steps, mode_from(mode))
+
+    def modes(self) -> list[ModeKeys]:
+        """Modes of the saved steps."""
+        self.maybe_refresh()
+        return self._index.modes()
+
+    def mode(self, global_step: int) -> ModeKeys | None:
+        """The mode of a global step (None if unknown)."""
+        return self.mode_modestep(global_step)[0]
+
+    def mode_step(self, global_step: int) -> int | None:
+        """The mode step of a global step (None if unknown)."""
+        return self.mode_modestep(global_step)[1]
+
+    def mode_modestep(self, global_step: int) -> tuple[ModeKeys | None, int | None]:
+        """(mode, mode step) of a global step."""
+        if global_step not in self._index.global_to_mode:
+            self.maybe_refresh()
+        return self._index.global_to_mode.get(global_step, (None, None))
+
+    def global_step(self, mode: ModeKeys | str, mode_step: int) -> int | None:
+        """The global step of a mode step (None if unknown)."""
+        mode = mode_from(mode)
+        g = self._index.to_global(mode_step, mode)
+        if g is None:
+            self.maybe_refresh()
+            g = self._index.to_global(mode_step, mode)
+        return g
+
+    def workers(self) -> list[str]:
+        """Worker names of the trial."""
+        self.maybe_refresh()
+        return sorted(self._workers)
+
+    def has_passed_step(self, step: int, mode: ModeKeys | str = ModeKeys.GLOBAL) -> StepState:
+        """Whether ``step`` can be read now, never will be, or may be later (smdebug's rules)."""
+        mode = mode_from(mode)
+        self.maybe_refresh()
+        seen = self._index.steps_of(set(self._index.step_workers), mode)
+        later = [s for s in seen if s >= step]
+        if not later:
+            return StepState.UNAVAILABLE if self.loaded_all_steps else StepState.NOT_YET_AVAILABLE
+        g = self._index.to_global(later[0], mode)
+        if later[0] > step:
+            return StepState.UNAVAILABLE if self.last_complete_step >= g else StepState.NOT_YET_AVAILABLE  # type: ignore[operator]
+        return StepState.AVAILABLE if self._is_complete(g) else StepState.NOT_YET_AVAILABLE  # type: ignore[arg-type]
+
+    def wait_for_steps(self, required_steps: Iterable[int], mode: ModeKeys | str = ModeKeys.GLOBAL,
+                       timeout: float | None = None) -> None:
+        """Wait until every step of ``required_steps`` is available.
+
+        Raises:
+            StepUnavailable: a step was skipped by training.
+            NoMoreData: training ended before the step.
+            StepNotYetAvailable: ``timeout`` seconds passed (default 3600, MLTRACE_STEP_WAIT).
+        """
+        mode = mode_from(mode)
+        limit = _env_seconds("MLTRACE_STEP_WAIT", DEFAULT_STEP_TIMEOUT) if timeout is None else timeout
+        deadline = time.monotonic() + limit
+        for step in sorted(set(required_steps)):
+            while True:
+                state = self.has_passed_step(step, mode)
+                if state is StepState.AVAILABLE:
+                    break
+                if state is StepState.UNAVAILABLE:
+                    self._raise_for_missing_step(step, mode)
+                if time.monotonic() >= deadline:
+                    raise StepNotYetAvailable(step, mode)
+                time.sleep(self.poll_interval)
+                self.maybe_refresh(force=True)
+
+    def _raise_for_missing_step(self, step: int, mode: ModeKeys, tname: str | None = None) -> None:
+        seen = self._index.steps_of(set(self._index.step_workers), mode)
+        if self.loaded_all_steps and (not seen or step > seen[-1]):
+            raise NoMoreData(step, mode, seen[-1] if seen else None)
+        if tname is not None and self.has_passed_step(step, mode) is StepState.NOT_YET_AVAILABLE:
+            raise StepNotYetAvailable(step, mode)
+        raise StepUnavailable(step, mode)
+
+    # -- reading records -----------------------------------------------------------------------
+    def _read_tensor(self, loc: Location, tname: str, step: int, mode: ModeKeys) -> np.ndarray:
+        where = f"{self.storage.uri}/{loc.key} at byte {loc.start}"
+        try:
+            record = self.storage.read(loc.key, loc.start, loc.length)
+        except FileNotFoundError:
+            logger.warning("events file %s/%s listed by the index is missing; step %d of %s skipped",
+                           self.storage.uri, loc.key, step, tname)
+            raise TensorUnavailableForStep(tname, step, mode) from None
+        payload = unframe_record(record, where)
+        if loc.crc32c is not None and crc32c(payload) != loc.crc32c:
+            raise CorruptRecordError(where, f"payload CRC32C {crc32c(payload)} differs from the index's {loc.crc32c}")
+        try:
+            event = decode_event(payload)
+        except WireError as exc:
+            raise CorruptRecordError(where, f"not an Event ({exc})") from None
+        if not event.values or event.values[0].tensor is None:
+            raise CorruptRecordError(where, "record holds no tensor")
+        return event.values[0].tensor
+
+    def __repr__(self) -> str:
+        return f"<Trial {self.name!r} at {self.path!r}: {len(self._index.step_workers)} steps>"
+
+
+def create_trial(path: str | None = None, name: str | None = None, *, out_dir: str | None = None,
+                 **kwargs: Any) -> Trial:
+    """Open the trial at ``path`` (or ``out_dir=``), a hook's output directory.
+
+    Keyword args go to Trial (range_steps, timeout, poll_interval).
+
+    Example:
+        >>> trial = create_trial("/tmp/run")
+        >>> trial.tensor("gradient/Net_fc1.weight").values()
+    """
+    location = path if path is not None else out_dir
+    if location is None:
+        raise MltraceValueError("create_trial needs the trial's path: create_trial('/path/to/out_dir')")
+    return Trial(location, name=name, **kwargs)

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Build (or reuse) the two virtual environments mltrace needs, and the Debian packages its UI tests use.
+#   .venv/         main: torch, tensorflow, xgboost, tensorboard, mlflow, boto3, S3 server, test tools
+#   .venv-legacy/  MXNet 1.9.1 and real smdebug 1.0.34 (numpy 1.23.5, protobuf 3.20.3)
+# A venv is reused when its stamp file matches the requirements it was built from; otherwise it is rebuilt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+
+build_venv() {  # build_venv DIR REQUIREMENTS
+  local dir=$1 req=$2 stamp
+  stamp=$(sha256sum "$req" setup.cfg pyproject.toml | sha256sum | cut -c1-16)
+  if [ -f "$dir/.mltrace-stamp" ] && [ "$(cat "$dir/.mltrace-stamp")" = "$stamp" ]; then
+    echo "[setup] $dir is complete (stamp $stamp), reusing it"
+    return
+  fi
+  echo "[setup] building $dir from $req"
+  rm -rf "$dir"
+  "$PYTHON" -m venv "$dir"
+  "$dir/bin/pip" install --quiet --upgrade pip==25.3 || true
+  "$dir/bin/pip" install --quiet -r "$req"
+  # mltrace itself, editable, without letting pip touch the pinned set.
+  "$dir/bin/pip" install --quiet --no-deps --no-build-isolation -e .
+  "$dir/bin/pip" check
+  echo "$stamp" > "$dir/.mltrace-stamp"
+}
+
+install_debian_packages() {
+  # Headless Chromium and its driver for the TensorBoard plugin's browser test (never a browser download).
+  if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then
+    return
+  fi
+  if [ "$(id -u)" != 0 ]; then
+    echo "[setup] chromium/chromium-driver missing and not root: run 'sudo apt-get install chromium chromium-driver'" >&2
+    return
+  fi
+  echo "[setup] installing chromium and chromium-driver with apt-get"
+  DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+}
+
+case "${1:-all}" in
+  main) build_venv .venv requirements/main.txt ;;
+  legacy) build_venv .venv-legacy requirements/legacy.txt ;;
+  all)
+    build_venv .venv requirements/main.txt
+    build_venv .venv-legacy requirements/legacy.txt
+    install_debian_packages
+    ;;
+  *) echo "usage: scripts/setup.sh [main|legacy|all]" >&2; exit 2 ;;
+esac
