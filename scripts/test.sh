@@ -9,10 +9,10 @@ export TF_CPP_MIN_LOG_LEVEL=2 PYTHONDONTWRITEBYTECODE=1
 mkdir -p test-artifacts
 
 echo "=== main suite (.venv) ==="
-.venv/bin/python -m pytest tests -m "not legacy" -p no:cacheprovider "$@"
+.venv/bin/python -m pytest tests --ignore=tests/legacy -p no:cacheprovider "$@"
 main=$?
 echo "=== legacy suite (.venv-legacy: MXNet 1.9.1, smdebug 1.0.34) ==="
-.venv-legacy/bin/python -m pytest tests -m legacy -p no:cacheprovider "$@"
+.venv-legacy/bin/python -m pytest tests/legacy -p no:cacheprovider "$@"
 legacy=$?
 
 echo "main suite exit code: $main; legacy suite exit code: $legacy"
