@@ -26,7 +26,13 @@ from mltrace.collections import (
     CollectionManager,
 )
 from mltrace.config import ReductionConfig, SaveConfig
-from mltrace.exceptions import InvalidCollectionConfiguration, MltraceRuntimeError, MltraceValueError
+from mltrace.exceptions import (
+    InvalidCollectionConfiguration,
+    MltraceError,
+    MltraceRuntimeError,
+    MltraceTypeError,
+    MltraceValueError,
+)
 from mltrace.format import SCALAR_PREFIX, paths
 from mltrace.modes import ModeKeys, mode_from
 from mltrace.reductions import reduction_tensor_name
@@ -56,7 +62,12 @@ def guarded(default: Any = None) -> Callable[[F], F]:
             try:
                 return fn(self, *args, **kwargs)
             except Exception as exc:
-                if self.strict or isinstance(exc, (MltraceValueError,)) and fn.__name__ in _USER_FACING:
+                # The user's mistakes (bad arguments, a collection that matches nothing) raise;
+                # mltrace's own failures disable the hook so that training goes on.
+                user_error = isinstance(exc, InvalidCollectionConfiguration) or (
+                    isinstance(exc, MltraceError) and fn.__name__ in _USER_FACING
+                )
+                if self.strict or user_error:
                     raise
                 self._disable(f"{fn.__name__}: {type(exc).__name__}: {exc}")
                 return default
@@ -67,7 +78,9 @@ def guarded(default: Any = None) -> Callable[[F], F]:
 
 
 # Methods whose invalid arguments are the user's to fix: they raise instead of disabling.
-_USER_FACING = frozenset({"save_scalar", "save_tensor", "set_mode", "record_tensor_value"})
+_USER_FACING = frozenset({
+    "save_scalar", "save_tensor", "set_mode", "record_tensor_value", "register_module", "register_loss",
+})
 
 
 class BaseHook:
@@ -167,6 +180,7 @@ class BaseHook:
         self._nan_watch: set[str] = set()
         self._nan_buffer: list[tuple[str, np.ndarray, tuple[Collection, ...]]] = []
         self._nan_seen = False
+        self._unsupported: set[str] = set()
         self._disabled = False
         self._closed = False
         self._collections_exported = False
@@ -354,6 +368,17 @@ class BaseHook:
         if self.writer is None or name in self._written_this_step:
             return
         self._written_this_step.add(name)
+        try:
+            self._write_tensor_parts(name, value, array, colls, on_host)
+        except MltraceTypeError as exc:
+            # One odd tensor (say, a quantized dtype) must not stop the others from being saved.
+            if name not in self._unsupported:
+                self._unsupported.add(name)
+                logger.warning("not saving tensor %r: %s", name, exc)
+
+    def _write_tensor_parts(self, name: str, value: Any, array: np.ndarray | None,
+                            colls: Iterable[Collection], on_host: bool) -> None:
+        assert self.writer is not None
         save_raw = save_shape = False
         items: list[tuple[str, bool]] = []
         for coll in colls:
@@ -397,9 +422,6 @@ class BaseHook:
         if sm_metric:
             for sink in self.sinks:
                 sink.log_scalar(name, float(array.reshape(-1)[0]), self.mode, self.mode_steps[self.mode])
-        if self.step < 0 and self.writer is None and not self._prepared:
-            self._prepare_collections()
-            self._open_writer()
 
     @guarded()
     def save_tensor(self, tensor_name: str, tensor_value: Any, collections_to_write: str | Iterable[str] = "default") -> None:
