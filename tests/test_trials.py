@@ -224,3 +224,13 @@ def test_import_leaves_frameworks_out():
             "print([m for m in heavy if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_cli_info_summarises_a_trial(tmp_path):
+    _write_run(tmp_path / "run", steps=3)
+    out = subprocess.run([sys.executable, "-m", "mltrace.cli", "info", str(tmp_path / "run")],
+                         capture_output=True, text=True, check=True).stdout
+    assert "GLOBAL: 3 steps (0..2)" in out and "gradient/Sequential_0.weight: 3 steps" in out
+    bad = subprocess.run([sys.executable, "-m", "mltrace.cli", "info", str(tmp_path / "none"),
+                          "--timeout", "0.2"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "no trial data" in bad.stderr

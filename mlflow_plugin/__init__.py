@@ -1,0 +1,1 @@
+"""MLflow side of mltrace (the rules and MLflow issue fills this package)."""

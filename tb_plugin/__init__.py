@@ -1,0 +1,1 @@
+"""TensorBoard plugin for mltrace trials (the TensorBoard issue fills this package)."""
