@@ -119,8 +119,9 @@ class Collection:
 
     @include_regex.setter
     def include_regex(self, value: str | Iterable[str] | None) -> None:
+        regexes = _regex_list(value)  # validate before replacing anything
         self._include_regex, self._compiled = [], []
-        self.include(_regex_list(value))
+        self.include(regexes)
 
     @property
     def tensor_names(self) -> set[str]:

@@ -63,6 +63,7 @@ class SaveConfigMode:
         when_nan: Iterable[str] | None = None,
     ) -> None:
         self.save_interval = DEFAULT_SAVE_INTERVAL if save_interval is None else save_interval
+        self._end_step = None
         self.start_step = 0 if start_step is None else start_step
         self.end_step = end_step
         self.save_steps = save_steps  # type: ignore[assignment]
@@ -85,8 +86,9 @@ class SaveConfigMode:
 
     @start_step.setter
     def start_step(self, value: int | str) -> None:
-        self._start_step = _as_int("start_step", value, minimum=0)
-        self._check_range()
+        start = _as_int("start_step", value, minimum=0)
+        self._check_range(start, getattr(self, "_end_step", None))
+        self._start_step = start
 
     @property
     def end_step(self) -> int | None:
@@ -95,8 +97,9 @@ class SaveConfigMode:
 
     @end_step.setter
     def end_step(self, value: int | str | None) -> None:
-        self._end_step = _as_int("end_step", value, minimum=0, allow_none=True)
-        self._check_range()
+        end = _as_int("end_step", value, minimum=0, allow_none=True)
+        self._check_range(getattr(self, "_start_step", 0), end)
+        self._end_step = end
 
     @property
     def save_steps(self) -> list[int]:
@@ -108,10 +111,10 @@ class SaveConfigMode:
         self._save_steps = _as_steps(value)
         self._save_steps_set = frozenset(self._save_steps)
 
-    def _check_range(self) -> None:
-        start, end = getattr(self, "_start_step", 0), getattr(self, "_end_step", None)
-        # end_step == start_step is how smdebug users switch a collection off (end_step=0).
-        if end is not None and end < start:
+    @staticmethod
+    def _check_range(start: int | None, end: int | None) -> None:
+        # end_step=0 is how smdebug users switch a collection off, whatever its start_step.
+        if end is not None and end != 0 and start is not None and end < start:
             raise MltraceValueError(
                 f"end_step={end} is before start_step={start}: end_step is exclusive and must be "
                 f">= start_step (use end_step=0 to switch saving off)"
@@ -387,7 +390,8 @@ class ReductionConfig:
                 continue
             is_abs = token.startswith("abs_")
             base = token[4:] if is_abs else token
-            base = base[:-5] if base.endswith("_norm") else base
+            if base.endswith("_norm") and base[:-5] in SMDEBUG_NORMS:
+                base = base[:-5]
             if base in SMDEBUG_NORMS:
                 (abs_norms if is_abs else norms).append(base)
             elif base in SMDEBUG_REDUCTIONS + EXTRA_REDUCTIONS:

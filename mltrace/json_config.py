@@ -67,19 +67,25 @@ def config_file_path(json_file_path: str | None = None) -> str:
     return path
 
 
-def _save_config_from(params: Mapping[str, Any], where: str) -> SaveConfig | None:
-    """SaveConfig from flat keys, mode-prefixed keys overriding the plain ones per mode."""
-    if not any(k.split(".")[-1] in _SAVE_KEYS for k in params):
+def _save_config_from(layers: list[Mapping[str, Any]], where: str) -> SaveConfig | None:
+    """SaveConfig from flat keys, layered as smdebug layers them: each layer's plain keys, then
+    its mode-prefixed keys, override the layers before it (hook first, then the collection)."""
+    if not any(k.split(".")[-1] in _SAVE_KEYS for layer in layers for k in layer):
         return None
-    base = {k: params[k] for k in _SAVE_KEYS if k in params}
     modes: dict[ModeKeys, SaveConfigMode] = {}
-    try:
-        for prefix, mode in _MODE_PREFIXES.items():
-            values = dict(base)
-            values.update({k: params[prefix + k] for k in _SAVE_KEYS if prefix + k in params})
+    for prefix, mode in _MODE_PREFIXES.items():
+        values: dict[str, Any] = {}
+        sources: dict[str, str] = {}
+        for layer in layers:
+            for key in _SAVE_KEYS:
+                for source in (key, prefix + key):
+                    if source in layer:
+                        values[key], sources[key] = layer[source], source
+        try:
             modes[mode] = SaveConfigMode(**values)
-    except MltraceValueError as exc:
-        raise MltraceValueError(f"{where}: {exc}") from None
+        except MltraceValueError as exc:
+            used = ", ".join(f"{sources[k]}={values[k]!r}" for k in sorted(values))
+            raise MltraceValueError(f"{where} ({mode.name} mode, from {used}): {exc}") from None
     return SaveConfig(mode_save_configs=modes)
 
 
@@ -138,7 +144,7 @@ def parse_hook_config(doc: Mapping[str, Any], path: str = "<dict>") -> HookConfi
         kwargs["tensorboard_dir"] = str(params["tensorboard_dir"])
     if "mlflow" in params:
         kwargs["mlflow"] = params["mlflow"]
-    save_config = _save_config_from(params, where)
+    save_config = _save_config_from([params], where)
     if save_config is not None:
         kwargs["save_config"] = save_config
     reduction_config = _reduction_config_from(params, where)
@@ -161,10 +167,8 @@ def parse_hook_config(doc: Mapping[str, Any], path: str = "<dict>") -> HookConfi
         if "save_histogram" in cparams:
             settings["save_histogram"] = parse_flag(f"{cwhere}.save_histogram", cparams["save_histogram"])
         # Per-collection save keys inherit unspecified values from HookParameters, per mode.
-        merged = {k: v for k, v in params.items() if k.split(".")[-1] in _SAVE_KEYS}
-        merged.update({k: v for k, v in cparams.items() if k.split(".")[-1] in _SAVE_KEYS})
         if any(k.split(".")[-1] in _SAVE_KEYS for k in cparams):
-            settings["save_config"] = _save_config_from(merged, cwhere)
+            settings["save_config"] = _save_config_from([params, cparams], cwhere)
         reduction = _reduction_config_from(cparams, cwhere)
         if reduction is not None:
             settings["reduction_config"] = reduction

@@ -1,7 +1,7 @@
 """The reference definition of every reduction (numpy), and how reductions are named on disk.
 
 One definition everywhere (DESIGN.md, format contract point 6): computed over the flattened
-tensor, in float64 for ints and bools and in the tensor's own float dtype otherwise; std and
+tensor, in float64 for ints and bools, float32 for float16/bfloat16, the tensor's dtype otherwise; std and
 variance with ddof=0; l1 = sum(|x|), l2 = sqrt(sum(x**2)); ``abs_`` applies ``np.abs`` first;
 NaN propagates as numpy does; an empty tensor has no reductions. Adapters compute the same with
 their framework's ops on the device; readers use these to compute from raw tensors.
@@ -24,6 +24,8 @@ def _work_array(x: np.ndarray) -> np.ndarray:
     flat = np.asarray(x).reshape(-1)
     if flat.dtype.kind in "biu" or flat.dtype.name == "bfloat16":
         return flat.astype(np.float64)
+    if flat.dtype == np.float16:  # as the adapters do: halves overflow in sums and norms
+        return flat.astype(np.float32)
     return flat
 
 

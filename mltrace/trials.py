@@ -211,6 +211,9 @@ class Trial:
         if step is not None:
             g = self._index.to_global(step, mode)
             names = {n for n in names if g is not None and g in self._index.tensors[n].global_steps()}
+        elif mode is not ModeKeys.GLOBAL:  # names saved in that mode (smdebug)
+            steps = set(self._index.mode_to_global.get(mode, {}).values())
+            names = {n for n in names if steps & self._index.tensors[n].global_steps()}
         if regex is not None:
             patterns = [re.compile(r) for r in ([regex] if isinstance(regex, str) else regex)]
             names = {n for n in names if any(p.search(n) for p in patterns)}

@@ -2,15 +2,22 @@
 # Build (or reuse) the two virtual environments mltrace needs, and the Debian packages its UI tests use.
 #   .venv/         main: torch, tensorflow, xgboost, tensorboard, mlflow, boto3, S3 server, test tools
 #   .venv-legacy/  MXNet 1.9.1 and real smdebug 1.0.34 (numpy 1.23.5, protobuf 3.20.3)
-# A venv is reused when its stamp file matches the requirements it was built from; otherwise it is rebuilt.
+# A venv is reused when its stamp matches the requirements file it was built from (otherwise it is
+# rebuilt); mltrace itself is reinstalled (editable, seconds) when setup.cfg changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 
 build_venv() {  # build_venv DIR REQUIREMENTS
-  local dir=$1 req=$2 stamp
-  stamp=$(sha256sum "$req" setup.cfg pyproject.toml | sha256sum | cut -c1-16)
+  local dir=$1 req=$2 stamp pkg
+  stamp=$(sha256sum "$req" | cut -c1-16)
+  pkg=$(sha256sum setup.cfg | cut -c1-16)
   if [ -f "$dir/.mltrace-stamp" ] && [ "$(cat "$dir/.mltrace-stamp")" = "$stamp" ]; then
+    if [ "$(cat "$dir/.mltrace-pkg-stamp" 2>/dev/null)" != "$pkg" ]; then
+      echo "[setup] setup.cfg changed: reinstalling mltrace into $dir"
+      "$dir/bin/pip" install --quiet --no-deps --no-build-isolation -e .
+      echo "$pkg" > "$dir/.mltrace-pkg-stamp"
+    fi
     echo "[setup] $dir is complete (stamp $stamp), reusing it"
     return
   fi
@@ -22,6 +29,7 @@ build_venv() {  # build_venv DIR REQUIREMENTS
   # mltrace itself, editable, without letting pip touch the pinned set.
   "$dir/bin/pip" install --quiet --no-deps --no-build-isolation -e .
   "$dir/bin/pip" check
+  echo "$pkg" > "$dir/.mltrace-pkg-stamp"
   echo "$stamp" > "$dir/.mltrace-stamp"
 }
 

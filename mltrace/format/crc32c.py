@@ -13,7 +13,7 @@ _MASK_DELTA = 0xA282EAD8
 
 def crc32c(data: bytes | bytearray | memoryview) -> int:
     """Return the plain CRC32C of ``data`` (check value of b"123456789" is 0xE3069283)."""
-    return google_crc32c.value(bytes(data) if isinstance(data, memoryview) else data)
+    return google_crc32c.value(data if isinstance(data, bytes) else bytes(data))
 
 
 def masked_crc32c(data: bytes | bytearray | memoryview) -> int:

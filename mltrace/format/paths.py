@@ -50,7 +50,7 @@ def collections_file_key(worker: str) -> str:
 
 def parse_index_key(key: str) -> tuple[int, str] | None:
     """Return (global step, worker) for an index file key, or None if it is not one."""
-    match = _INDEX_NAME.match(key)
+    match = _INDEX_NAME.fullmatch(key)
     if not match:
         return None
     return int(match.group(2)), match.group(3)
@@ -58,13 +58,13 @@ def parse_index_key(key: str) -> tuple[int, str] | None:
 
 def parse_collections_key(key: str) -> str | None:
     """Return the worker of a collections file key, or None if it is not one."""
-    match = _COLLECTIONS_NAME.match(key)
+    match = _COLLECTIONS_NAME.fullmatch(key)
     return match.group(1) if match else None
 
 
 def check_worker_name(worker: str) -> str:
     """Return ``worker`` if it is safe in a file name, else raise ValueError naming the fix."""
-    if not _WORKER_NAME.match(worker) or worker in (".", ".."):
+    if not _WORKER_NAME.fullmatch(worker) or worker in (".", ".."):
         raise ValueError(
             f"worker name {worker!r} cannot be part of a file name: use letters, digits, '_', '-' "
             "and '.' only (e.g. 'worker_0')"

@@ -112,15 +112,19 @@ def encode_tensor(tag: str, array: np.ndarray) -> bytes:
     Raises:
         MltraceTypeError: object arrays of non-strings, structured, datetime or other dtypes.
     """
-    if array.dtype.kind in "mMV":
+    if array.dtype.kind in "mMV" and array.dtype.name != "bfloat16":
         raise MltraceTypeError(
             f"cannot save tensor {tag!r} of dtype {array.dtype}: datetime, timedelta and structured "
             "arrays are not tensors; convert to a numeric dtype first"
         )
     shape = _shape_field(tag, array.shape)
     if _is_text(array):
-        body = shape
-        for item in array.reshape(-1):
+        flat = array.reshape(-1)
+        # Text as smdebug writes it (DataType left unset); bytes as DT_STRING, so that they read
+        # back as bytes (smdebug's reader cannot read bytes arrays at all).
+        is_bytes = array.dtype.kind == "S" or (flat.size and all(isinstance(x, bytes) for x in flat))
+        body = w.varint_field(1, DT_STRING) + shape if is_bytes else shape
+        for item in flat:
             body += w.len_field(8, item if isinstance(item, bytes) else str(item).encode("utf-8"))
         return body
     code = DT_BFLOAT16 if isinstance(array, BFloat16Bits) else _dtype_code(array)
@@ -157,11 +161,14 @@ def decode_tensor(data: bytes | memoryview) -> np.ndarray:
             content = bytes(value)  # type: ignore[arg-type]
         elif field == 8 and wt == w.LEN:
             strings.append(bytes(value))  # type: ignore[arg-type]
-        elif field in (5, 7, 10, 11):  # float_val, int_val, int64_val, bool_val (unpacked or packed)
+        elif field in (5, 6, 7, 10, 11):  # float, double, int, int64, bool *_val (packed or not)
             typed_vals.setdefault(field, []).append((wt, value))
     if code in (DT_INVALID, DT_STRING) and (strings or content is None):
-        items = [s.decode("utf-8") for s in strings] if code == DT_INVALID else strings
-        out = np.array(items) if items else np.array([], dtype=str)
+        try:
+            items = [s.decode("utf-8") for s in strings] if code == DT_INVALID else strings
+        except UnicodeDecodeError as exc:
+            raise w.WireError(f"a string element is not UTF-8 ({exc})") from None
+        out = np.array(items) if items else np.array([], dtype=bytes if code == DT_STRING else str)
         return out.reshape(shape) if shape or out.size == 1 else out
     if code == DT_BFLOAT16:
         bits = np.frombuffer(content or b"", dtype="<u2").reshape(shape)
@@ -186,8 +193,8 @@ def _decode_typed_vals(vals: dict[int, list[Any]], npdtype: np.dtype, shape: lis
     for field, entries in vals.items():
         for wt, value in entries:
             if wt == w.LEN:  # packed
-                if field == 5:
-                    items.extend(np.frombuffer(bytes(value), dtype="<f4").tolist())
+                if field in (5, 6):
+                    items.extend(np.frombuffer(bytes(value), dtype="<f4" if field == 5 else "<f8").tolist())
                 else:
                     pos, raw = 0, memoryview(value)
                     while pos < len(raw):
@@ -195,10 +202,17 @@ def _decode_typed_vals(vals: dict[int, list[Any]], npdtype: np.dtype, shape: lis
                         items.append(w.signed64(v))
             elif wt == w.FIXED32:
                 items.append(w.as_float(value))
+            elif wt == w.FIXED64:
+                items.append(w.as_double(value))
             else:
                 items.append(w.signed64(int(value)))
     out = np.array(items, dtype=npdtype)
     count = int(np.prod(shape)) if shape else 1
     if out.size == 1 and count > 1:  # TensorFlow writes one value to mean "fill"
         out = np.full(count, out[0], dtype=npdtype)
-    return out.reshape(shape) if out.size == count else out
+    if out.size != count:
+        raise MltraceTypeError(
+            f"tensor of shape {shape} carries {out.size} values in its *_val fields; it cannot be "
+            "decoded (the record is damaged or was written by an unknown writer)"
+        )
+    return out.reshape(shape)

@@ -9,3 +9,14 @@ import os
 
 os.environ.setdefault("SMDEBUG_LOG_LEVEL", "error")
 os.environ.setdefault("MLTRACE_TRIAL_WAIT", "2")
+# The cross-checks open smdebug trials only after the run wrote training_job_end.ts, so its
+# reader's pause before the final refresh (1 s by default, per trial) buys nothing here.
+os.environ.setdefault("SMDEBUG_TRAINING_END_DELAY_REFRESH", "0")
+
+
+def pytest_configure(config):
+    # smdebug 1.0.34 calls APIs that numpy 1.23 and protobuf 3.20 deprecate (ndarray.tostring,
+    # unlinked descriptors): those warnings are noise in every cross-check.
+    config.addinivalue_line("filterwarnings", r"ignore::DeprecationWarning:smdebug\..*")
+    config.addinivalue_line(
+        "filterwarnings", r"ignore:Call to deprecated create function:DeprecationWarning")
