@@ -145,6 +145,19 @@ class InvalidWorker(MltraceError, ValueError):
         super().__init__(f"worker {worker!r} is not in this trial; see trial.workers()")
 
 
+class StopTrainingRequested(MltraceError):
+    """A rule asked training to stop; raised by hooks at a step boundary, after every file of the
+    trial was written and the hook closed. Catch it around your loop to end training cleanly."""
+
+    def __init__(self, rule_name: str, step: int | None, message: str = "") -> None:
+        self.rule_name = rule_name
+        self.step = step
+        super().__init__(
+            f"rule {rule_name} asked training to stop (its condition held at step {step})"
+            + (f": {message}" if message else "") + "; all data saved so far is in the trial"
+        )
+
+
 class RuleEvaluationConditionMet(MltraceError):
     """Raised by Rule.invoke when the rule's condition holds at ``step``."""
 

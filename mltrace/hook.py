@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import atexit
 import functools
+import importlib
+import json
 import logging
+import time
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
@@ -18,6 +21,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from mltrace.collections import (
+    METRIC_COLLECTIONS,
     NON_REDUCTION_COLLECTIONS,
     SCALAR_COLLECTIONS,
     TRAIN_ONLY_COLLECTIONS,
@@ -32,6 +36,7 @@ from mltrace.exceptions import (
     MltraceRuntimeError,
     MltraceTypeError,
     MltraceValueError,
+    StopTrainingRequested,
 )
 from mltrace.format import SCALAR_PREFIX, paths
 from mltrace.modes import ModeKeys, mode_from
@@ -64,7 +69,7 @@ def guarded(default: Any = None) -> Callable[[F], F]:
             except Exception as exc:
                 # The user's mistakes (bad arguments, a collection that matches nothing) raise;
                 # mltrace's own failures disable the hook so that training goes on.
-                user_error = isinstance(exc, InvalidCollectionConfiguration) or (
+                user_error = isinstance(exc, (InvalidCollectionConfiguration, StopTrainingRequested)) or (
                     isinstance(exc, MltraceError) and fn.__name__ in _USER_FACING
                 )
                 if self.strict or user_error:
@@ -98,6 +103,9 @@ class BaseHook:
         save_all: save every tensor the hook sees (collection ``all``).
         include_workers: "one" (only the chief writes) or "all".
         strict: re-raise mltrace's internal errors instead of disabling the hook.
+        mlflow: log to MLflow too: True (the active run, or a new one), or a dict of options
+            for mlflow_plugin (``experiment``, ``run_name``, ``tracking_uri``, ``run_id``).
+        stop_check_interval: seconds between looks for a rule's stop signal (never per step).
         collection_manager: the adapter's collections (default collections already registered).
         default_include_collections: collections saved when none are named.
         default_saved_collections: collections always saved (smdebug: losses for PyTorch).
@@ -116,6 +124,8 @@ class BaseHook:
         save_all: bool = False,
         include_workers: str = "one",
         strict: bool = False,
+        mlflow: bool | dict[str, Any] | None = None,
+        stop_check_interval: float | None = None,
         *,
         collection_manager: CollectionManager,
         default_include_collections: Iterable[str],
@@ -188,6 +198,14 @@ class BaseHook:
         self.num_workers = 1
         self.writer: TrialWriter | None = None
         self.sinks: list[Any] = []
+        self.stop_requested: dict[str, Any] | None = None
+        # Local trials are checked every second; remote ones every 5 s (one request each time).
+        self.stop_check_interval = stop_check_interval if stop_check_interval is not None else (
+            1.0 if self.storage.local_path(paths.STOP_SIGNAL_FILE) else 5.0)
+        self._next_stop_check = 0.0
+        self.mlflow = mlflow
+        if mlflow and not self.dry_run:
+            self.sinks.append(_load_sink("mlflow", self, mlflow))
         _current_hook = self
         ref = weakref.ref(self)
         atexit.register(lambda: (h := ref()) is not None and h.close())
@@ -282,6 +300,30 @@ class BaseHook:
         self.step_active = bool(due) or bool(self._nan_watch)
         if self.writer is not None and (due or self._nan_watch):
             self.writer.open_step(self.step, self.mode, mode_step)
+        if self.writer is not None and self.stop_requested is None:
+            self._check_stop_signal()
+
+    def _check_stop_signal(self) -> None:
+        """Look (at most every stop_check_interval seconds) for a rule's stop signal."""
+        now = time.monotonic()
+        if now < self._next_stop_check:
+            return
+        self._next_stop_check = now + self.stop_check_interval
+        try:
+            if not self.storage.exists(paths.STOP_SIGNAL_FILE):
+                return
+            signal = json.loads(self.storage.read(paths.STOP_SIGNAL_FILE) or b"{}")
+        except (OSError, ValueError) as exc:
+            logger.debug("could not read the stop signal: %s", exc)
+            return
+        self.stop_requested = signal if isinstance(signal, dict) else {}
+        logger.warning("rule %s asked training to stop (step %s): ending at this step boundary",
+                       self.stop_requested.get("rule", "?"), self.stop_requested.get("step"))
+
+    def _stop_training_error(self) -> StopTrainingRequested:
+        signal = self.stop_requested or {}
+        return StopTrainingRequested(str(signal.get("rule", "a rule")), signal.get("step"),
+                                     str(signal.get("message", "")))
 
     def _end_step(self) -> None:
         """Write what the current step collected (scalars, NaN-triggered tensors) and close it."""
@@ -401,6 +443,10 @@ class BaseHook:
                     self._write_record(reduction_tensor_name(name, red, abs_), result)
         if save_raw and array is not None and array.size:
             self._write_record(name, array)
+            if self.sinks and any(c.name in METRIC_COLLECTIONS for c in colls):
+                value = float(np.mean(array))
+                for sink in self.sinks:
+                    sink.log_scalar(name, value, self.mode, self.mode_steps[self.mode])
         if array is not None and name in self._nan_watch and array.dtype.kind in "fc" and np.isnan(array).any():
             self._nan_seen = True
 
@@ -412,16 +458,15 @@ class BaseHook:
     def save_scalar(self, name: str, value: Any, sm_metric: bool = False, timestamp: float | None = None) -> None:
         """Save a scalar as ``scalar/<name>`` in the current step (written at its end).
 
-        ``sm_metric=True`` also sends it to the tracking sinks (MLflow; smdebug sent it to
-        SageMaker Metrics).
+        Scalars also go to the tracking sinks (MLflow), whatever ``sm_metric`` says (smdebug
+        sent ``sm_metric=True`` scalars to SageMaker Metrics).
         """
         array = self._to_numpy(value)
         if array.size != 1:
             raise MltraceValueError(f"save_scalar({name!r}): value has {array.size} elements; pass one number")
         self._pending_scalars.append((SCALAR_PREFIX + name, array, timestamp))
-        if sm_metric:
-            for sink in self.sinks:
-                sink.log_scalar(name, float(array.reshape(-1)[0]), self.mode, self.mode_steps[self.mode])
+        for sink in self.sinks:
+            sink.log_scalar(name, float(array.reshape(-1)[0]), self.mode, max(self.mode_steps[self.mode], 0))
 
     @guarded()
     def save_tensor(self, tensor_name: str, tensor_value: Any, collections_to_write: str | Iterable[str] = "default") -> None:
@@ -506,6 +551,20 @@ class BaseHook:
         self._disabled = True
         self._closed = True
         self.step_active = False
+
+
+def _load_sink(kind: str, hook: BaseHook, options: Any) -> Any:
+    """Load a tracking sink lazily (core never imports mlflow). A sink has
+    ``log_scalar(name, value, mode, mode_step)`` and ``close()``."""
+    if kind != "mlflow":
+        raise MltraceValueError(f"unknown sink {kind!r}")
+    try:
+        module = importlib.import_module("mlflow_plugin.sink")
+    except ImportError as exc:
+        raise MltraceValueError(
+            f"mlflow=... needs MLflow: pip install 'mltrace[mlflow]' ({exc})"
+        ) from None
+    return module.create_sink(hook, {} if options is True else dict(options))
 
 
 def as_numpy(value: Any) -> np.ndarray:

@@ -95,6 +95,10 @@ class Hook(BaseHook):
 
     Args: as mltrace.hook.BaseHook (smdebug's constructor), plus ``saveall`` (Tornasole's
     spelling of ``save_all``).
+
+    When a rule's StopTraining action fires, the next forward pass of the registered model
+    closes the trial and raises mltrace.exceptions.StopTrainingRequested: catch it around your
+    loop to end training cleanly (``hook.stop_requested`` says the same without raising).
     """
 
     _default_include = DEFAULT_INCLUDE_COLLECTIONS
@@ -113,6 +117,8 @@ class Hook(BaseHook):
         include_workers: str = "one",
         strict: bool = False,
         saveall: bool | None = None,
+        mlflow: bool | dict[str, Any] | None = None,
+        stop_check_interval: float | None = None,
     ) -> None:
         global _pending
         manager, _pending = _pending, _collection_manager()
@@ -120,6 +126,7 @@ class Hook(BaseHook):
             out_dir,  # type: ignore[arg-type]
             export_tensorboard, tensorboard_dir, dry_run, reduction_config, save_config,
             include_regex, include_collections, bool(save_all or saveall), include_workers, strict,
+            mlflow, stop_check_interval,
             collection_manager=manager,
             default_include_collections=self._default_include,
             default_saved_collections=DEFAULT_INCLUDE_COLLECTIONS,
@@ -203,6 +210,10 @@ class Hook(BaseHook):
         if module is not self._modules[0]:
             return
         self._begin_step()
+        if self.stop_requested is not None:
+            # A rule asked to stop: finish the trial, then end the user's loop at this boundary.
+            self.close()
+            raise self._stop_training_error()
         self._io_index.clear()
         if self.step_active:
             root = self._root_names[id(module)]

@@ -20,6 +20,10 @@ END_OF_JOB_MARKER = "training_job_end.ts"
 TENSORBOARD_DIR = "tensorboard"
 #: written by hooks that log to MLflow (mlflow_plugin); smdebug's reader never looks at it.
 MLFLOW_RUN_FILE = "mltrace_mlflow_run.json"
+#: written by a rule's StopTraining action; hooks watch for it and end training at a step boundary.
+STOP_SIGNAL_FILE = "mltrace_stop_training.json"
+#: one JSON per rule execution (mltrace.rules.results), read by the TensorBoard plugin.
+RULE_RESULTS_DIR = "mltrace_rules"
 INDEX_FILES_PER_PREFIX = 1000
 DEFAULT_WORKER_NAME = "worker_0"
 

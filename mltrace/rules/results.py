@@ -1,0 +1,127 @@
+"""The record of one rule execution: status, steps evaluated, steps where it fired, message.
+
+Each execution writes a small JSON into the trial (``mltrace_rules/``), which the TensorBoard
+plugin shows without MLflow, and notifies listeners: the MLflow side registers one (entry point
+group ``mltrace.rule_listeners``) that turns the execution into an MLflow run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from mltrace.format import paths
+
+if TYPE_CHECKING:
+    from mltrace.rules.rule import Rule
+
+logger = logging.getLogger(__name__)
+
+NO_ISSUES_FOUND = "NoIssuesFound"
+ISSUES_FOUND = "IssuesFound"
+IN_PROGRESS = "InProgress"
+ERROR = "Error"
+
+
+@dataclass
+class RuleResult:
+    """What one execution of a rule found (also the JSON written into the trial)."""
+
+    rule: str
+    trial: str
+    parameters: dict[str, Any]
+    status: str = IN_PROGRESS
+    started: float = field(default_factory=time.time)
+    ended: float | None = None
+    evaluated_steps: int = 0
+    fired_steps: list[int] = field(default_factory=list)
+    first_step: int | None = None
+    message: str | None = None
+    error: str | None = None
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    mlflow_run_id: str | None = None
+    mlflow_experiment_id: str | None = None
+
+    def to_json(self) -> str:
+        """The result as JSON text."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @property
+    def key(self) -> str:
+        """Where the result lives inside the trial."""
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self.started))
+        return f"{paths.RULE_RESULTS_DIR}/{self.rule}_{stamp}_{self.run_id}.json"
+
+
+class RuleListener(Protocol):
+    """Receives a rule execution's progress (the MLflow side implements it)."""
+
+    def started(self, rule: Rule, result: RuleResult) -> None: ...
+    def step_evaluated(self, rule: Rule, result: RuleResult, step: int, met: bool) -> None: ...
+    def finished(self, rule: Rule, result: RuleResult) -> None: ...
+
+
+_listeners: list[RuleListener] = []
+_entry_points_loaded = False
+
+
+def add_rule_listener(listener: RuleListener) -> None:
+    """Notify ``listener`` of every rule execution in this process."""
+    _listeners.append(listener)
+
+
+def remove_rule_listener(listener: RuleListener) -> None:
+    """Stop notifying ``listener``."""
+    if listener in _listeners:
+        _listeners.remove(listener)
+
+
+def rule_listeners() -> list[RuleListener]:
+    """Registered listeners, plus those of the ``mltrace.rule_listeners`` entry points (loaded
+    once; a broken plugin is logged and skipped)."""
+    global _entry_points_loaded
+    if not _entry_points_loaded:
+        _entry_points_loaded = True
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group="mltrace.rule_listeners"):
+            try:
+                factory = ep.load()
+                listener = factory()
+                if listener is not None:
+                    _listeners.append(listener)
+            except Exception as exc:
+                logger.warning("rule listener plugin %s could not be loaded: %s", ep.name, exc)
+    return list(_listeners)
+
+
+def notify(event: str, *args: Any) -> None:
+    """Call ``event`` on every listener; a failing listener is logged, never fatal to the rule."""
+    for listener in rule_listeners():
+        try:
+            getattr(listener, event)(*args)
+        except Exception as exc:
+            logger.warning("rule listener %s failed in %s: %s", type(listener).__name__, event, exc)
+
+
+def save_result(rule: Rule, result: RuleResult) -> None:
+    """Write ``result`` into the rule's base trial (a warning if the trial is read-only)."""
+    try:
+        rule.base_trial.storage.write(result.key, result.to_json().encode())
+    except Exception as exc:
+        logger.warning("could not write the rule result into %s: %s", rule.base_trial.path, exc)
+
+
+def read_results(storage: Any) -> list[RuleResult]:
+    """Every rule result stored in a trial, oldest first (damaged files are skipped)."""
+    out = []
+    for key in storage.list(paths.RULE_RESULTS_DIR):
+        try:
+            out.append(RuleResult(**json.loads(storage.read(key))))
+        except (ValueError, TypeError) as exc:
+            logger.warning("skipping damaged rule result %s: %s", key, exc)
+    return sorted(out, key=lambda r: r.started)

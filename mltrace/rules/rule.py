@@ -1,0 +1,127 @@
+"""Rule: a condition over a trial, checked step by step (smdebug's programming model).
+
+Subclass it, implement ``invoke_at_step(step) -> bool`` (and optionally
+``set_required_tensors(step)``), then run it with ``invoke_rule``. Constructor arguments other
+than the trials should accept strings: the CLI and rule specifications pass every value as one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from mltrace.exceptions import MltraceValueError, RuleEvaluationConditionMet
+from mltrace.rules.req_tensors import RequiredTensors
+from mltrace.trials import Trial
+
+
+@contextmanager
+def no_refresh(trials: Sequence[Trial]):
+    """Within the block, queries do not look for new files (one consistent view per step)."""
+    saved = [t.dynamic_refresh for t in trials]
+    for t in trials:
+        t.dynamic_refresh = False
+    try:
+        yield
+    finally:
+        for t, value in zip(trials, saved):
+            t.dynamic_refresh = value
+
+
+class Rule(ABC):
+    """Base class of every rule.
+
+    Args:
+        base_trial: the trial the rule watches.
+        other_trials: other trials to compare with (a Trial or a list of Trials).
+        action_str: actions to run when the condition is met (JSON, see mltrace.rules.actions).
+
+    smdebug 1.0.34 declared ``Rule(base_trial, action_str, other_trials=None)``, so a second
+    positional argument that is a string is taken as the action string.
+    """
+
+    def __init__(self, base_trial: Trial, other_trials: Any = None, action_str: Any = None) -> None:
+        if isinstance(other_trials, str):
+            other_trials, action_str = action_str, other_trials
+        if other_trials is None:
+            others: list[Trial] = []
+        elif isinstance(other_trials, Trial):
+            others = [other_trials]
+        else:
+            others = list(other_trials)
+        if not isinstance(base_trial, Trial) or not all(isinstance(t, Trial) for t in others):
+            raise MltraceValueError(
+                f"{type(self).__name__}: base_trial and other_trials must be trials from "
+                "mltrace.trials.create_trial(path)"
+            )
+        self.base_trial = base_trial
+        self.other_trials = others
+        self.trials = [base_trial, *others]
+        self.rule_name = type(self).__name__
+        self.logger = logging.getLogger(f"mltrace.rules.{self.rule_name}")
+        self.req_tensors = RequiredTensors(base_trial, others)
+        from mltrace.rules.actions import parse_actions
+
+        self.actions = parse_actions(action_str, self.rule_name)
+        self.action_str = action_str
+        #: (step, condition met) for each step evaluated, in order.
+        self.evaluations: list[tuple[int, bool]] = []
+        #: Extra details a rule wants reported (message, offending tensors...).
+        self.last_message: str | None = None
+        self.report: dict[str, Any] = {"RuleTriggered": 0, "Violations": 0, "Details": {},
+                                       "Datapoints": 0, "RuleParameters": ""}
+
+    def set_required_tensors(self, step: int) -> None:
+        """Declare with ``self.req_tensors.add(...)`` what ``invoke_at_step(step)`` reads."""
+
+    @abstractmethod
+    def invoke_at_step(self, step: int) -> bool:
+        """Return True when the condition holds at global step ``step``."""
+
+    def invoke(self, step: int) -> None:
+        """Evaluate at ``step``: wait for it, fetch required tensors, run invoke_at_step.
+
+        Raises:
+            RuleEvaluationConditionMet: the condition holds (after running the actions).
+            StepUnavailable, NoMoreData, TensorUnavailableForStep: as the trial raises them.
+        """
+        self.base_trial.wait_for_steps([step])
+        with no_refresh(self.trials):
+            self.req_tensors.clear()
+            self.set_required_tensors(step)
+            self.req_tensors.fetch()
+            met = bool(self.invoke_at_step(step))
+        self.evaluations.append((step, met))
+        self.report["Datapoints"] += 1
+        if met:
+            self.report["RuleTriggered"] += 1
+            self.report["Violations"] += 1
+            for action in self.actions:
+                action.invoke(self, step)
+            raise RuleEvaluationConditionMet(self.rule_name, step)
+
+    @property
+    def fired_steps(self) -> list[int]:
+        """Steps where the condition held."""
+        return [s for s, met in self.evaluations if met]
+
+    def parameters(self) -> dict[str, Any]:
+        """The rule's configuration as reported in results (public attributes that are plain values)."""
+        skip = {"base_trial", "other_trials", "trials", "rule_name", "logger", "req_tensors",
+                "actions", "evaluations", "last_message", "report", "action_str"}
+        out = {}
+        for key, value in vars(self).items():
+            if key.startswith("_") or key in skip:
+                continue
+            if isinstance(value, (str, int, float, bool, type(None))) or (
+                isinstance(value, (list, tuple)) and all(isinstance(v, (str, int, float, bool)) for v in value)
+            ):
+                out[key] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def __repr__(self) -> str:
+        return f"<Rule {self.rule_name} on {self.base_trial.name!r} {json.dumps(self.parameters())}>"

@@ -1,0 +1,344 @@
+"""Run a rule over a trial: ``invoke_rule`` (the API) and ``python -m mltrace.rules.rule_invoker``.
+
+CLI::
+
+    python -m mltrace.rules.rule_invoker --trial-dir DIR --rule-name VanishingGradient \\
+        [--other-trials a,b] [--start-step N] [--end-step N] [--raise-rule-eval-cond-exception] \\
+        [--rule-file my_rule.py] [--<param> value ...]
+    python -m mltrace.rules.rule_invoker --trial-dir DIR --rules-spec rules.json
+
+Exit code: 0 no issue found, 1 the condition was met, 2 bad usage or an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import inspect
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from mltrace.exceptions import (
+    MltraceValueError,
+    NoMoreData,
+    RuleEvaluationConditionMet,
+    StepUnavailable,
+    TensorUnavailable,
+    TensorUnavailableForStep,
+)
+from mltrace.rules import results
+from mltrace.rules.rule import Rule
+
+logger = logging.getLogger(__name__)
+
+
+def _next_step(rule: Rule, step: int) -> int:
+    """The next global step worth evaluating: the next saved one when the trial knows it."""
+    index = rule.base_trial._index
+    later = [s for s in index.step_workers if s > step]
+    return min(later) if later else step + 1
+
+
+def invoke_rule(rule: Rule, start_step: int | None = None, end_step: int | None = None,
+                raise_eval_cond: bool = False, *, progress: bool = False) -> results.RuleResult:
+    """Evaluate ``rule`` at each saved step from ``start_step`` to ``end_step`` (exclusive).
+
+    With no ``end_step`` it follows a live trial until training ends, then raises NoMoreData
+    (smdebug's contract; notebooks catch it). Steps that were not saved are skipped. Each
+    execution is recorded (a JSON in the trial, and an MLflow run when tracking is configured).
+
+    Args:
+        rule: the rule object.
+        start_step: first global step (default 0).
+        end_step: stop before this global step (default: follow the trial to its end).
+        raise_eval_cond: re-raise RuleEvaluationConditionMet at the first step where it holds.
+        progress: show a progress bar over steps (tqdm).
+
+    Returns:
+        the RuleResult (also when NoMoreData ends the run: it is attached to the exception as
+        ``exc.rule_result``).
+    """
+    step = 0 if start_step is None else int(start_step)
+    result = results.RuleResult(rule=rule.rule_name, trial=rule.base_trial.path,
+                                parameters=rule.parameters())
+    results.notify("started", rule, result)
+    bar = _progress_bar(rule, step, end_step) if progress else None
+    outcome: BaseException | None = None
+    try:
+        while end_step is None or step < end_step:
+            met = False
+            try:
+                rule.invoke(step)
+            except (TensorUnavailableForStep, StepUnavailable, TensorUnavailable) as exc:
+                logger.debug("%s: step %d skipped: %s", rule.rule_name, step, exc)
+            except RuleEvaluationConditionMet as exc:
+                met = True
+                _record(rule, result, step, met)
+                logger.info("%s: condition met at step %d%s", rule.rule_name, step,
+                            f": {rule.last_message}" if rule.last_message else "")
+                if raise_eval_cond:
+                    raise
+                if exc.end_of_rule:
+                    break
+            else:
+                if rule.evaluations and rule.evaluations[-1][0] == step:
+                    _record(rule, result, step, met)
+            nxt = _next_step(rule, step)
+            if bar is not None:
+                bar.update(nxt - step)
+            step = nxt
+    except NoMoreData as exc:
+        outcome = exc
+        exc.rule_result = result  # type: ignore[attr-defined]
+        raise
+    except RuleEvaluationConditionMet as exc:
+        outcome = exc
+        raise
+    except BaseException as exc:
+        outcome = exc
+        result.error = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+        result.status = (results.ERROR if result.error else
+                         results.ISSUES_FOUND if result.fired_steps else results.NO_ISSUES_FOUND)
+        result.ended = time.time()
+        results.notify("finished", rule, result)
+        results.save_result(rule, result)
+        del outcome
+    return result
+
+
+def _record(rule: Rule, result: results.RuleResult, step: int, met: bool) -> None:
+    result.evaluated_steps += 1
+    if met:
+        result.fired_steps.append(step)
+        if result.first_step is None:
+            result.first_step = step
+            result.message = rule.last_message or f"condition met at step {step}"
+    results.notify("step_evaluated", rule, result, step, met)
+
+
+def _progress_bar(rule: Rule, start: int, end: int | None) -> Any:
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    total = end
+    if total is None and rule.base_trial.loaded_all_steps and rule.base_trial._index.step_workers:
+        total = max(rule.base_trial._index.step_workers) + 1
+    return tqdm(total=None if total is None else max(0, total - start), desc=rule.rule_name,
+                unit="step", file=sys.stderr, leave=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# Building rules from names, files and parameters given as strings
+# ---------------------------------------------------------------------------------------------
+def load_rule_class(rule_name: str, rule_file: str | None = None) -> type[Rule]:
+    """A built-in rule by name, or class ``rule_name`` from a Python file (local or a URI that
+    an installed storage backend reads, e.g. s3://bucket/rules/my_rule.py)."""
+    if rule_file is None:
+        from mltrace.rules.builtin import rule_class
+
+        return rule_class(rule_name)
+    path = rule_file
+    if "://" in rule_file:
+        from mltrace.storage import open_storage
+
+        folder, _, name = rule_file.rpartition("/")
+        data = open_storage(folder).read(name)
+        fd, path = tempfile.mkstemp(suffix=".py", prefix="mltrace_rule_")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    if not os.path.isfile(path):
+        raise MltraceValueError(f"rule file {rule_file!r} does not exist")
+    spec = importlib.util.spec_from_file_location(f"mltrace_user_rule_{abs(hash(path))}", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules[spec.name] = module  # type: ignore[union-attr]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    cls = getattr(module, rule_name, None)
+    if not (inspect.isclass(cls) and issubclass(cls, Rule)):
+        found = [n for n, v in vars(module).items() if inspect.isclass(v) and issubclass(v, Rule) and v is not Rule]
+        raise MltraceValueError(f"{rule_file} has no Rule subclass {rule_name!r}; it defines {found}")
+    return cls
+
+
+def rule_parameters(cls: type[Rule]) -> dict[str, inspect.Parameter]:
+    """Constructor parameters a user sets (everything but the trials)."""
+    params = dict(inspect.signature(cls.__init__).parameters)
+    for skip in ("self", "base_trial", "other_trials", "action_str"):
+        params.pop(skip, None)
+    return {n: p for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+
+def create_rule(cls: type[Rule], base_trial: Any, other_trials: list[Any], params: dict[str, str],
+                action_str: str | None = None) -> Rule:
+    """Instantiate ``cls`` with string parameters, checking names against its constructor.
+
+    Raises:
+        MltraceValueError: an unknown or missing parameter, listing the valid ones.
+    """
+    valid = rule_parameters(cls)
+    unknown = sorted(set(params) - set(valid))
+    if unknown:
+        raise MltraceValueError(
+            f"rule {cls.__name__} has no parameter {', '.join(unknown)}; its parameters are: "
+            + (", ".join(f"{n} (default {p.default!r})" if p.default is not p.empty else f"{n} (required)"
+                         for n, p in valid.items()) or "none")
+        )
+    missing = [n for n, p in valid.items() if p.default is p.empty and n not in params]
+    if missing:
+        raise MltraceValueError(f"rule {cls.__name__} needs parameter(s) {', '.join(missing)}")
+    signature = inspect.signature(cls.__init__).parameters
+    kwargs: dict[str, Any] = dict(params)
+    if "other_trials" in signature:
+        kwargs["other_trials"] = other_trials or None
+    elif "other_trial" in valid and other_trials and "other_trial" not in params:
+        kwargs["other_trial"] = other_trials[0]
+    elif other_trials:
+        raise MltraceValueError(f"rule {cls.__name__} takes no other trials")
+    if action_str and "action_str" in signature:
+        kwargs["action_str"] = action_str
+    return cls(base_trial, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------
+SPEC_KEYS = {"RuleName", "SourceS3Uri", "RuntimeConfigurations", "RuleParameters"}
+SAGEMAKER_ONLY_KEYS = {"InstanceType", "VolumeSizeInGB", "RuleConfigurationName", "RuleEvaluatorImage",
+                       "LocalPath", "S3OutputPath"}
+RUNTIME_KEYS = {"start-step", "end-step", "other-trials-paths", "logging-level"}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m mltrace.rules.rule_invoker",
+        description="Run a rule over a trial. Unknown --options become rule parameters (strings).",
+    )
+    p.add_argument("--trial-dir", required=True, help="the hook's out_dir (local path or URI)")
+    p.add_argument("--rule-name", help="a built-in rule, or the class in --rule-file")
+    p.add_argument("--rule-file", help="Python file defining the rule class (local or s3://)")
+    p.add_argument("--rules-spec", help="JSON list shaped like SageMaker's rules_specification")
+    p.add_argument("--other-trials", default="", help="comma-separated trial paths")
+    p.add_argument("--start-step", type=int, default=None)
+    p.add_argument("--end-step", type=int, default=None)
+    p.add_argument("--raise-rule-eval-cond-exception", nargs="?", const="true", default="false",
+                   help="stop at the first step where the condition holds, raising")
+    p.add_argument("--action-str", default=None, help='e.g. \'{"name": "stoptraining"}\'')
+    p.add_argument("--wait", type=float, default=None,
+                   help="seconds to wait for the trial's first files (live training)")
+    p.add_argument("--logging-level", default=None)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _extra_params(extra: list[str]) -> dict[str, str]:
+    params: dict[str, str] = {}
+    i = 0
+    while i < len(extra):
+        token = extra[i]
+        if not token.startswith("--"):
+            raise MltraceValueError(f"unexpected argument {token!r}: rule parameters are --name value")
+        name, eq, value = token[2:].partition("=")
+        if not eq:
+            if i + 1 >= len(extra) or extra[i + 1].startswith("--"):
+                raise MltraceValueError(f"rule parameter --{name} needs a value")
+            value = extra[i + 1]
+            i += 1
+        params[name.replace("-", "_")] = value
+        i += 1
+    return params
+
+
+def _run_one(trial_dir: str, rule_name: str, rule_file: str | None, params: dict[str, str],
+             other: list[str], start: int | None, end: int | None, raise_cond: bool,
+             action_str: str | None, wait: float | None, progress: bool) -> int:
+    from mltrace.trials import create_trial
+
+    cls = load_rule_class(rule_name, rule_file)
+    kwargs = {} if wait is None else {"timeout": wait}
+    base = create_trial(trial_dir, **kwargs)
+    others = [create_trial(p, **kwargs) for p in other]
+    rule = create_rule(cls, base, others, params, action_str)
+    try:
+        result = invoke_rule(rule, start, end, raise_cond, progress=progress)
+    except NoMoreData as exc:
+        result = exc.rule_result  # type: ignore[attr-defined]
+    found = bool(result.fired_steps)
+    summary = (f"{rule.rule_name}: {result.status}; evaluated {result.evaluated_steps} steps"
+               + (f"; fired at steps {_short(result.fired_steps)}: {result.message}" if found else ""))
+    print(summary)
+    return 1 if found else 0
+
+
+def _short(steps: list[int]) -> str:
+    return ", ".join(map(str, steps[:10])) + (f" ... ({len(steps)} in all)" if len(steps) > 10 else "")
+
+
+def _run_spec(args: argparse.Namespace, progress: bool) -> int:
+    with open(args.rules_spec, encoding="utf-8") as f:
+        try:
+            specs = json.load(f)
+        except ValueError as exc:
+            raise MltraceValueError(f"rules spec {args.rules_spec} is not JSON: {exc}") from None
+    if isinstance(specs, dict):
+        specs = [specs]
+    worst = 0
+    for i, spec in enumerate(specs):
+        if not isinstance(spec, dict) or "RuleName" not in spec:
+            raise MltraceValueError(f"{args.rules_spec}[{i}] needs a RuleName")
+        ignored = sorted(set(spec) & SAGEMAKER_ONLY_KEYS)
+        if ignored:
+            logger.warning("%s: %s only mean something on SageMaker; ignored", spec["RuleName"], ", ".join(ignored))
+        unknown = sorted(set(spec) - SPEC_KEYS - SAGEMAKER_ONLY_KEYS)
+        if unknown:
+            raise MltraceValueError(f"{args.rules_spec}[{i}]: unknown keys {unknown}; known: {sorted(SPEC_KEYS)}")
+        config = {str(k): str(v) for k, v in (spec.get("RuntimeConfigurations") or spec.get("RuleParameters") or {}).items()}
+        if "logging-level" in config:
+            logging.getLogger("mltrace").setLevel(config.pop("logging-level").upper())
+        start = int(config.pop("start-step")) if "start-step" in config else args.start_step
+        end = int(config.pop("end-step")) if "end-step" in config else args.end_step
+        other = [p for p in config.pop("other-trials-paths", "").split(";") if p]
+        params = {k.replace("-", "_"): v for k, v in config.items()}
+        worst = max(worst, _run_one(args.trial_dir, spec["RuleName"], spec.get("SourceS3Uri") or None, params,
+                                    other, start, end, False, args.action_str, args.wait, progress))
+    return worst
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the exit code (0 no issue, 1 condition met, 2 error)."""
+    args, extra = _parser().parse_known_args(argv)
+    if args.logging_level:
+        logging.getLogger("mltrace").setLevel(args.logging_level.upper())
+    if not logging.getLogger().handlers and not logging.getLogger("mltrace").handlers:
+        logging.basicConfig(level=logging.WARNING, format="[%(levelname)s %(name)s] %(message)s")
+    progress = not args.no_progress and sys.stderr.isatty()
+    from mltrace.exceptions import MltraceError
+
+    try:
+        params = _extra_params(extra)
+        if args.rules_spec:
+            return _run_spec(args, progress)
+        if not args.rule_name:
+            raise MltraceValueError("pass --rule-name NAME (or --rules-spec FILE)")
+        raise_cond = str(args.raise_rule_eval_cond_exception).lower() in ("true", "1", "yes")
+        other = [p for p in args.other_trials.split(",") if p]
+        return _run_one(args.trial_dir, args.rule_name, args.rule_file, params, other, args.start_step,
+                        args.end_step, raise_cond, args.action_str, args.wait, progress)
+    except RuleEvaluationConditionMet:
+        raise
+    except MltraceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
