@@ -44,9 +44,23 @@ class TrialIndex:
         self.step_workers: dict[int, set[str]] = defaultdict(set)
         self.global_to_mode: dict[int, tuple[ModeKeys, int]] = {}
         self.mode_to_global: dict[ModeKeys, dict[int, int]] = defaultdict(dict)
+        self._sorted: dict[ModeKeys, list[int]] = {}
+
+    def sorted_steps(self, mode: ModeKeys) -> list[int]:
+        """Every step seen in ``mode`` (mode steps; global steps for GLOBAL), sorted; cached
+        until the next ingest, so that step lookups on long runs stay logarithmic."""
+        cached = self._sorted.get(mode)
+        if cached is None:
+            if mode is ModeKeys.GLOBAL:
+                cached = sorted(self.step_workers)
+            else:
+                cached = sorted(self.mode_to_global.get(mode, {}))
+            self._sorted[mode] = cached
+        return cached
 
     def ingest(self, step: int, worker: str, index: StepIndex) -> None:
         """Add one index file's content (global step and worker come from its file name)."""
+        self._sorted.clear()
         self.step_workers[step].add(worker)
         self.global_to_mode[step] = (index.mode, index.mode_step)
         self.mode_to_global[index.mode][index.mode_step] = step

@@ -8,6 +8,7 @@ as they land and learns that training ended from ``training_job_end.ts``.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import re
@@ -294,12 +295,13 @@ class Trial:
         """Whether ``step`` can be read now, never will be, or may be later (smdebug's rules)."""
         mode = mode_from(mode)
         self.maybe_refresh()
-        seen = self._index.steps_of(set(self._index.step_workers), mode)
-        later = [s for s in seen if s >= step]
-        if not later:
+        seen = self._index.sorted_steps(mode)
+        pos = bisect.bisect_left(seen, step)
+        if pos == len(seen):
             return StepState.UNAVAILABLE if self.loaded_all_steps else StepState.NOT_YET_AVAILABLE
-        g = self._index.to_global(later[0], mode)
-        if later[0] > step:
+        first = seen[pos]
+        g = self._index.to_global(first, mode)
+        if first > step:
             return StepState.UNAVAILABLE if self.last_complete_step >= g else StepState.NOT_YET_AVAILABLE  # type: ignore[operator]
         return StepState.AVAILABLE if self._is_complete(g) else StepState.NOT_YET_AVAILABLE  # type: ignore[arg-type]
 
@@ -328,7 +330,7 @@ class Trial:
                 self.maybe_refresh(force=True)
 
     def _raise_for_missing_step(self, step: int, mode: ModeKeys, tname: str | None = None) -> None:
-        seen = self._index.steps_of(set(self._index.step_workers), mode)
+        seen = self._index.sorted_steps(mode)
         if self.loaded_all_steps and (not seen or step > seen[-1]):
             raise NoMoreData(step, mode, seen[-1] if seen else None)
         if tname is not None and self.has_passed_step(step, mode) is StepState.NOT_YET_AVAILABLE:

@@ -13,6 +13,7 @@ Exit code: 0 no issue found, 1 the condition was met, 2 bad usage or an error.
 from __future__ import annotations
 
 import argparse
+import bisect
 import importlib.util
 import inspect
 import json
@@ -32,6 +33,7 @@ from mltrace.exceptions import (
     TensorUnavailable,
     TensorUnavailableForStep,
 )
+from mltrace.modes import ModeKeys
 from mltrace.rules import results
 from mltrace.rules.rule import Rule
 
@@ -40,9 +42,9 @@ logger = logging.getLogger(__name__)
 
 def _next_step(rule: Rule, step: int) -> int:
     """The next global step worth evaluating: the next saved one when the trial knows it."""
-    index = rule.base_trial._index
-    later = [s for s in index.step_workers if s > step]
-    return min(later) if later else step + 1
+    steps = rule.base_trial._index.sorted_steps(ModeKeys.GLOBAL)
+    pos = bisect.bisect_right(steps, step)
+    return steps[pos] if pos < len(steps) else step + 1
 
 
 def invoke_rule(rule: Rule, start_step: int | None = None, end_step: int | None = None,
@@ -132,8 +134,9 @@ def _progress_bar(rule: Rule, start: int, end: int | None) -> Any:
     except ImportError:
         return None
     total = end
-    if total is None and rule.base_trial.loaded_all_steps and rule.base_trial._index.step_workers:
-        total = max(rule.base_trial._index.step_workers) + 1
+    steps = rule.base_trial._index.sorted_steps(ModeKeys.GLOBAL)
+    if total is None and rule.base_trial.loaded_all_steps and steps:
+        total = steps[-1] + 1
     return tqdm(total=None if total is None else max(0, total - start), desc=rule.rule_name,
                 unit="step", file=sys.stderr, leave=False)
 
