@@ -277,12 +277,21 @@ class BaseHook:
         """Set the mode of the following steps (TRAIN, EVAL, PREDICT or GLOBAL)."""
         self.mode = mode_from(mode)
 
-    def _begin_step(self) -> None:
-        """Close the previous step and start the next one: adapters call this at a step boundary."""
+    def _begin_step(self, step: int | None = None) -> None:
+        """Close the previous step and start the next one: adapters call this at a step boundary.
+
+        ``step`` (optional) sets the global step and the current mode's step to that number
+        instead of counting up by one, as smdebug's XGBoost hook does (step = boosting round,
+        also when training resumes from a saved model). It must be above the current step.
+        """
+        if step is not None and step <= self.step:
+            raise MltraceValueError(f"_begin_step(step={step}): steps only go up; the current step is {self.step}")
         self._end_step()
         if not self._prepared:
             self._prepare_collections()
             self._open_writer()
+        if step is not None:
+            self.step = self.mode_steps[self.mode] = step - 1
         self.step += 1
         self.mode_steps[self.mode] += 1
         if self.mode is not ModeKeys.GLOBAL:
@@ -421,14 +430,7 @@ class BaseHook:
     def _write_tensor_parts(self, name: str, value: Any, array: np.ndarray | None,
                             colls: Iterable[Collection], on_host: bool) -> None:
         assert self.writer is not None
-        save_raw = save_shape = False
-        items: list[tuple[str, bool]] = []
-        for coll in colls:
-            config = coll.effective_reduction_config()
-            save_raw |= config.save_raw_tensor
-            save_shape |= config.save_shape
-            if coll.name not in SCALAR_COLLECTIONS:
-                items.extend(i for i in config.items() if i not in items)
+        save_raw, save_shape, items = _what_to_save(colls)
         if not self.writer.step_open:
             self.writer.open_step(self.step, self.mode, self.mode_steps[self.mode])
         if save_raw or save_shape:
@@ -551,6 +553,19 @@ class BaseHook:
         self._disabled = True
         self._closed = True
         self.step_active = False
+
+
+def _what_to_save(colls: Iterable[Collection]) -> tuple[bool, bool, list[tuple[str, bool]]]:
+    """(save raw tensor, save shape, reductions) that a tensor's due collections ask for."""
+    save_raw = save_shape = False
+    items: list[tuple[str, bool]] = []
+    for coll in colls:
+        config = coll.effective_reduction_config()
+        save_raw |= config.save_raw_tensor
+        save_shape |= config.save_shape
+        if coll.name not in SCALAR_COLLECTIONS:
+            items.extend(i for i in config.items() if i not in items)
+    return save_raw, save_shape, items
 
 
 def _load_sink(kind: str, hook: BaseHook, options: Any) -> Any:

@@ -218,7 +218,7 @@ class Hook(BaseHook):
         if self.step_active:
             root = self._root_names[id(module)]
             for pname, param in module.named_parameters():
-                self._save_for_tensor(f"{root}_{pname}", param.detach())
+                self._save_for_tensor(f"{root}_{pname}", param)
 
     @guarded()
     def _forward_hook(self, module: torch.nn.Module, inputs: Any, outputs: Any) -> None:
@@ -237,13 +237,13 @@ class Hook(BaseHook):
 
     @guarded()
     def _save_gradient(self, name: str, grad: torch.Tensor) -> None:
-        self._save_for_tensor(name, grad.detach())
+        self._save_for_tensor(name, grad)
 
     def _save_io(self, module_name: str, suffix: str, value: Any) -> None:
         prefix = module_name + suffix
         index = self._io_index.get(prefix, 0)
         for tensor in _flatten_tensors(value):
-            self._save_for_tensor(f"{prefix}{index}", tensor.detach())
+            self._save_for_tensor(f"{prefix}{index}", tensor)  # detached only if saved
             index += 1
         self._io_index[prefix] = index
 
@@ -259,10 +259,9 @@ class Hook(BaseHook):
     def _to_numpy(self, value: Any) -> np.ndarray:
         if not isinstance(value, torch.Tensor):
             return as_numpy(value)
-        tensor = value.detach()
-        if tensor.dtype == torch.bfloat16:
-            return tensor.cpu().view(torch.uint16).numpy().view(BFloat16Bits)
-        return tensor.cpu().resolve_conj().resolve_neg().numpy()
+        if value.dtype == torch.bfloat16:
+            return value.detach().cpu().view(torch.uint16).numpy().view(BFloat16Bits)
+        return value.numpy(force=True)  # detach, host copy and conj/neg resolution in one call
 
     def _reduce(self, value: Any, items: list[tuple[str, bool]]) -> list[np.ndarray | None]:
         # Complex tensors and huge medians take numpy's path on the host.

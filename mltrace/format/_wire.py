@@ -14,6 +14,7 @@ from collections.abc import Iterator
 VARINT, FIXED64, LEN, FIXED32 = 0, 1, 2, 5
 _F64 = struct.Struct("<d")
 _F32 = struct.Struct("<f")
+_SMALL = [bytes((i,)) for i in range(0x80)]
 
 
 class WireError(ValueError):
@@ -22,6 +23,8 @@ class WireError(ValueError):
 
 def varint(value: int) -> bytes:
     """Encode a non-negative int (or a negative int64, as protobuf does: 10 bytes)."""
+    if 0 <= value < 0x80:
+        return _SMALL[value]
     if value < 0:
         value += 1 << 64
     out = bytearray()

@@ -14,6 +14,7 @@ are left out, as protobuf does, so encoded bytes equal protobuf's.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +26,18 @@ from mltrace.modes import MODE_PLUGIN_NAME, MODE_STEP_PLUGIN_NAME, ModeKeys
 
 def _plugin_data(name: str, content: str) -> bytes:
     return w.len_field(1, w.len_field(1, name.encode()) + w.len_field(2, content.encode()))
+
+
+@functools.lru_cache(maxsize=256)
+def _metadata_field(mode: ModeKeys, mode_step: int) -> bytes:
+    """Value.metadata: smdebug's two plugin_data entries, mode_step then mode."""
+    return w.len_field(9, _plugin_data(MODE_STEP_PLUGIN_NAME, str(mode_step))
+                       + _plugin_data(MODE_PLUGIN_NAME, str(mode.value)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _tag_field(tag: str) -> bytes:
+    return w.len_field(1, tag.encode("utf-8"))
 
 
 def _event(wall_time: float, step: int, summary: bytes) -> bytes:
@@ -43,14 +56,7 @@ def encode_tensor_event(
     wall_time: float,
 ) -> bytes:
     """Serialize one smdebug tensor Event (the payload of one events/ record)."""
-    metadata = _plugin_data(MODE_STEP_PLUGIN_NAME, str(mode_step)) + _plugin_data(
-        MODE_PLUGIN_NAME, str(mode.value)
-    )
-    value = (
-        w.len_field(1, tag.encode("utf-8"))
-        + w.len_field(8, encode_tensor(tag, array))
-        + w.len_field(9, metadata)
-    )
+    value = _tag_field(tag) + w.len_field(8, encode_tensor(tag, array)) + _metadata_field(mode, mode_step)
     return _event(wall_time, step, w.len_field(1, value))
 
 

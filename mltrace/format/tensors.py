@@ -14,6 +14,7 @@ and bfloat16 decode (bfloat16 to float32 exactly, or to ml_dtypes.bfloat16 when 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -67,6 +68,9 @@ def bfloat16_dtype() -> np.dtype | None:
 
 
 def _dtype_code(array: np.ndarray) -> int:
+    code = _NUMPY_TO_DT.get(array.dtype)
+    if code is not None:
+        return code
     if array.dtype.name == "bfloat16":
         return DT_BFLOAT16
     code = _NUMPY_TO_DT.get(array.dtype.newbyteorder("=") if array.dtype.byteorder == ">" else array.dtype)
@@ -78,7 +82,9 @@ def _dtype_code(array: np.ndarray) -> int:
     return code
 
 
+@functools.lru_cache(maxsize=4096)
 def _shape_field(tag: str, shape: tuple[int, ...]) -> bytes:
+    """The encoded tensor_shape field; the same tensors recur every step, hence the cache."""
     dims = b""
     for size in shape:
         dim = (w.varint_field(1, size) if size else b"") + w.len_field(2, f"{tag}_{size}".encode())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-import tempfile
+import threading
 
 from mltrace.exceptions import MltraceValueError
 from mltrace.storage.base import Storage
@@ -36,10 +36,11 @@ class LocalStorage(Storage):
         if folder not in self._made_dirs:
             os.makedirs(folder, exist_ok=True)
             self._made_dirs.add(folder)
-        # The temp file sits beside the target so that rename is atomic; readers skip *.tmp.
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".", suffix=".tmp")
+        # The temp file sits beside the target so that rename is atomic; readers skip dot files
+        # and *.tmp. Its name is unique per process and thread (one writer per file at a time).
+        tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
-            with os.fdopen(fd, "wb") as f:
+            with open(tmp, "wb") as f:
                 f.write(data)
             os.replace(tmp, path)
         except BaseException:
