@@ -1,6 +1,7 @@
 """The ``mltrace`` command. Subcommands import what they need lazily.
 
     mltrace info TRIAL_DIR      collections, tensors and steps of a trial
+    mltrace compare [EXPERIMENT ...] [--filter F] [--tensor T] [--stat S]   MLflow runs side by side
 """
 
 from __future__ import annotations
@@ -34,6 +35,20 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from mlflow_plugin.compare import run_cli  # MLflow only for this subcommand
+
+    return run_cli(args)
+
+
+def _upload_spill(args: argparse.Namespace) -> int:
+    from mltrace.spill import upload_spill
+
+    uploaded = upload_spill(args.folder)
+    print(f"uploaded {uploaded} files from {args.folder}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``mltrace`` command."""
     parser = argparse.ArgumentParser(prog="mltrace", description="Inspect and analyse mltrace/smdebug trials.")
@@ -42,6 +57,27 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("trial", help="the hook's out_dir")
     info.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the trial's first files")
     info.set_defaults(run=_info)
+    spill = sub.add_parser("upload-spill", help="upload files a run kept on local disk while S3 was down")
+    spill.add_argument("folder", help="the spill folder named in the run's log")
+    spill.set_defaults(run=_upload_spill)
+    compare = sub.add_parser(
+        "compare", help="compare MLflow training runs across experiments: tensor statistics per step, rule findings",
+        description="Table and PNG of chosen tensor statistics per step and the rule findings of each MLflow "
+                    "training run (mltrace.trial tag) of the experiments; also logged to MLflow.")
+    compare.add_argument("experiments", nargs="*", help="experiment names (default: all experiments)")
+    compare.add_argument("--filter", default="", help="MLflow filter string, e.g. \"params.lr = '0.1'\"")
+    compare.add_argument("--run-id", action="append", default=None, help="compare these runs (repeatable)")
+    compare.add_argument("--tensor", action="append", default=None,
+                         help="tensor name or regex (repeatable; default: the losses collection)")
+    compare.add_argument("--stat", action="append", default=None,
+                         help="statistic per step: mean, std, l2, abs_max, ... (repeatable; default mean)")
+    compare.add_argument("--out", default="mltrace-compare", help="output folder (default ./mltrace-compare)")
+    compare.add_argument("--max-runs", type=int, default=20)
+    compare.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI")
+    compare.add_argument("--no-log", action="store_true", help="do not log the result to MLflow")
+    compare.add_argument("--log-experiment", default="mltrace-comparisons",
+                         help="experiment of the run the result is logged to (default mltrace-comparisons)")
+    compare.set_defaults(run=_compare)
     return parser
 
 

@@ -72,13 +72,18 @@ class Tensor:
     def values(self, mode: ModeKeys | str = ModeKeys.GLOBAL, worker: str | None = None) -> dict[int, np.ndarray]:
         """{step: value} over the complete steps of ``mode`` where the value was saved."""
         mode = mode_from(mode)
-        out = {}
         entries = self.trial._entries(self.name)
+        wanted: list[tuple[int, object]] = []
         for step in self.steps(mode):
             g = self.trial._index.to_global(step, mode)
-            if g is not None and g in entries.values:
-                out[step] = self.value(step, mode, worker)
-        return out
+            by_worker = entries.values.get(g) if g is not None else None
+            if by_worker:
+                wanted.append((step, by_worker[self._pick_worker(by_worker, worker)]))
+        try:  # one batch: remote stores fetch the records in parallel
+            records = self.trial._read_tensors([loc for _, loc in wanted])  # type: ignore[misc]
+        except FileNotFoundError:
+            return {step: self.value(step, mode, worker) for step, _ in wanted}
+        return {step: self.trial._decode_record(rec, loc) for (step, loc), rec in zip(wanted, records)}  # type: ignore[arg-type]
 
     def reduction_value(
         self, step_num: int, reduction_name: str, mode: ModeKeys | str = ModeKeys.GLOBAL,

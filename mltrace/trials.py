@@ -103,6 +103,9 @@ class Trial:
         self.dynamic_refresh = True
         self.skipped_files: list[str] = []
         self._workers: set[str] = set()
+        self._last_refresh = 0.0
+        #: seconds between automatic refreshes: none locally, 1 s on remote stores
+        self.refresh_interval = 0.0 if self.storage.local_path(paths.END_OF_JOB_MARKER) else 1.0
         self._load_collections(_env_seconds("MLTRACE_TRIAL_WAIT", DEFAULT_CREATE_TIMEOUT) if timeout is None else timeout)
         self.refresh_data()
 
@@ -134,6 +137,7 @@ class Trial:
 
     def refresh_data(self) -> None:
         """Read index files that appeared since the last refresh."""
+        self._last_refresh = time.monotonic()
         ended = self.storage.exists(paths.END_OF_JOB_MARKER)
         self._ingest(self.storage.list(paths.INDEX_DIR, start_after=self._token))
         if ended:
@@ -142,6 +146,7 @@ class Trial:
                 self.last_complete_step = max(self._index.step_workers)
 
     def _ingest(self, keys: Iterable[str]) -> None:
+        todo: list[tuple[str, int, str]] = []
         for key in keys:
             if key in self._read_keys:
                 continue
@@ -154,15 +159,31 @@ class Trial:
                 begin, end = self.range_steps
                 if (begin is not None and step < begin) or (end is not None and step >= end):
                     continue
+            todo.append((key, step, worker))
+        for start in range(0, len(todo), 256):  # remote storages fetch a batch in parallel
+            batch = todo[start:start + 256]
             try:
-                index = decode_index(self.storage.read(key), f"{self.storage.uri}/{key}")
-            except (IndexReaderException, OSError) as exc:
-                logger.warning("skipping step %d of worker %s: %s", step, worker, exc)
-                self.skipped_files.append(key)
-                continue
-            self._index.ingest(step, worker, index)
-            self._workers.add(worker)
+                blobs: list[bytes | Exception] = list(self.storage.read_many([(k, 0, None) for k, _, _ in batch]))
+            except OSError:
+                blobs = [self._read_or_error(k) for k, _, _ in batch]
+            for (key, step, worker), blob in zip(batch, blobs):
+                try:
+                    if isinstance(blob, Exception):
+                        raise blob
+                    index = decode_index(blob, f"{self.storage.uri}/{key}")
+                except (IndexReaderException, OSError) as exc:
+                    logger.warning("skipping step %d of worker %s: %s", step, worker, exc)
+                    self.skipped_files.append(key)
+                    continue
+                self._index.ingest(step, worker, index)
+                self._workers.add(worker)
         self._advance_complete_steps()
+
+    def _read_or_error(self, key: str) -> bytes | Exception:
+        try:
+            return self.storage.read(key)
+        except OSError as exc:
+            return exc
 
     def _advance_complete_steps(self) -> None:
         complete = [s for s, ws in self._index.step_workers.items()
@@ -173,8 +194,11 @@ class Trial:
             self._token = paths.index_file_key(self.last_complete_step, last_worker)
 
     def maybe_refresh(self, name: str | None = None, force: bool = False) -> None:
-        """Refresh unless training has ended (or refresh is switched off)."""
+        """Refresh unless training has ended (or refresh is switched off). Remote trials look
+        at most every ``refresh_interval`` seconds unless forced (a miss forces a look)."""
         if self.loaded_all_steps or not (self.dynamic_refresh or force):
+            return
+        if not force and time.monotonic() - self._last_refresh < self.refresh_interval:
             return
         self.refresh_data()
 
@@ -339,13 +363,20 @@ class Trial:
 
     # -- reading records -----------------------------------------------------------------------
     def _read_tensor(self, loc: Location, tname: str, step: int, mode: ModeKeys) -> np.ndarray:
-        where = f"{self.storage.uri}/{loc.key} at byte {loc.start}"
         try:
             record = self.storage.read(loc.key, loc.start, loc.length)
         except FileNotFoundError:
             logger.warning("events file %s/%s listed by the index is missing; step %d of %s skipped",
                            self.storage.uri, loc.key, step, tname)
             raise TensorUnavailableForStep(tname, step, mode) from None
+        return self._decode_record(record, loc)
+
+    def _read_tensors(self, locs: list[Location]) -> list[bytes]:
+        """Fetch several records at once (in parallel on remote stores)."""
+        return self.storage.read_many([(loc.key, loc.start, loc.length) for loc in locs])
+
+    def _decode_record(self, record: bytes, loc: Location) -> np.ndarray:
+        where = f"{self.storage.uri}/{loc.key} at byte {loc.start}"
         payload = unframe_record(record, where)
         if loc.crc32c is not None and crc32c(payload) != loc.crc32c:
             raise CorruptRecordError(where, f"payload CRC32C {crc32c(payload)} differs from the index's {loc.crc32c}")

@@ -3,6 +3,11 @@
 Records of a step are encoded on the training thread (cheap: bytes are built in memory) and the
 finished files are handed to one background thread that writes them in order: the events file
 before its index file, so that a reader that finds an index file always finds its events file.
+
+Remote stores (S3) can be down. Then files go to a local spill folder (mltrace.spill) instead of
+waiting: when the bounded queue is full or the store refuses a file, that file and every later
+one are spilled in order, and the background thread uploads the spill as soon as the store
+answers again. Training never waits on the network beyond the queue, and no step is lost.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from mltrace.format.events import encode_tensor_event
 from mltrace.format.index import IndexEntry, ShapeEntry, StepIndex, encode_index
 from mltrace.format.records import frame_record
 from mltrace.modes import ModeKeys
+from mltrace.spill import SpillDir, default_spill_root
 from mltrace.storage.base import Storage
 
 logger = logging.getLogger(__name__)
@@ -45,7 +51,9 @@ class TrialWriter:
         max_pending: files queued for the background thread before the training thread waits.
     """
 
-    def __init__(self, storage: Storage, worker: str, max_pending: int = 64) -> None:
+    def __init__(self, storage: Storage, worker: str, max_pending: int = 64,
+                 spill_root: str | None = None, close_timeout: float = 60.0,
+                 retry_interval: float = 2.0) -> None:
         self.storage = storage
         self.worker = paths.check_worker_name(worker)
         self._step: _StepFile | None = None
@@ -53,6 +61,12 @@ class TrialWriter:
         self._thread: threading.Thread | None = None
         self.errors: list[str] = []
         self.steps_written = 0
+        self.close_timeout = close_timeout
+        self.retry_interval = retry_interval
+        remote = storage.local_path(paths.END_OF_JOB_MARKER) is None
+        self.spill = SpillDir(spill_root or default_spill_root(), storage.uri, self.worker) if remote else None
+        self._spill_lock = threading.Lock()
+        self._outage_logged = False
 
     # -- one step -------------------------------------------------------------------------------
     def open_step(self, step: int, mode: ModeKeys, mode_step: int) -> None:
@@ -118,27 +132,85 @@ class TrialWriter:
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._run, name="mltrace-writer", daemon=True)
             self._thread.start()
-        self._queue.put(files)
+        if self.spill is None:
+            self._queue.put(files)  # local disk: waiting for the queue is waiting for the disk
+            return
+        with self._spill_lock:
+            if self.spill.pending:  # keep order: once spilling, everything goes behind the spill
+                self._spill(files)
+                return
+        try:
+            self._queue.put_nowait(files)
+        except queue.Full:
+            with self._spill_lock:
+                self._spill(files)
+
+    def _spill(self, files: list[tuple[str, bytes]]) -> None:
+        assert self.spill is not None
+        if not self._outage_logged:
+            self._outage_logged = True
+            logger.warning("%s is not keeping up or not answering: keeping files in %s and uploading "
+                           "them when it answers again", self.storage.uri, self.spill.path)
+        for key, data in files:
+            self.spill.add(key, data)
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
+            self._drain_spill()
+            try:
+                item = self._queue.get(timeout=self.retry_interval)
+            except queue.Empty:
+                continue
             try:
                 if item is _STOP:
+                    self._drain_spill()
                     return
-                for key, data in item:  # type: ignore[union-attr]
-                    self._write_one(key, data)
+                for i, (key, data) in enumerate(item):  # type: ignore[union-attr]
+                    if not self._write_one(key, data):
+                        with self._spill_lock:
+                            self._spill(item[i:])  # type: ignore[index]
+                        break
             finally:
                 self._queue.task_done()
 
-    def _write_one(self, key: str, data: bytes) -> None:
+    def _spill_unsent(self) -> None:
+        """Move what the stalled background thread never took from the queue to the spill."""
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not _STOP:
+                with self._spill_lock:
+                    self._spill(item)  # type: ignore[arg-type]
+            self._queue.task_done()
+
+    def _drain_spill(self) -> None:
+        if self.spill is None or not self.spill.pending:
+            return
+        try:
+            uploaded = self.spill.drain(self.storage)
+        except Exception as exc:
+            logger.debug("spill upload to %s failed, will retry: %s", self.storage.uri, exc)
+            return
+        if uploaded and not self.spill.pending:
+            logger.warning("%s answers again: uploaded %d spilled files", self.storage.uri, uploaded)
+            self._outage_logged = False
+
+    def _write_one(self, key: str, data: bytes) -> bool:
+        """Write one file; False when a remote store failed (the caller spills it)."""
         try:
             self.storage.write(key, data)
+            return True
         except Exception as exc:  # never crash training; the hook reports at close
+            if self.spill is not None:
+                logger.debug("writing %s failed: %s", key, exc)
+                return False
             message = f"could not write {self.storage.uri}/{key}: {type(exc).__name__}: {exc}"
             if not self.errors:
                 logger.error("%s (further write errors are counted and reported at close)", message)
             self.errors.append(message)
+            return True
 
     def flush(self) -> None:
         """Wait until every queued file is written."""
@@ -146,12 +218,35 @@ class TrialWriter:
             self._queue.join()
 
     def close(self) -> None:
-        """Close the open step, write everything queued, and stop the background thread."""
+        """Close the open step, write everything queued, and stop the background thread.
+
+        With a remote store, waits at most ``close_timeout`` seconds for spilled files; what is
+        still not uploaded then stays on local disk and the log names it and the command that
+        uploads it later.
+        """
         self.close_step()
         if self._thread is not None and self._thread.is_alive():
-            self._queue.put(_STOP)
-            self._thread.join()
+            deadline = time.monotonic() + self.close_timeout
+            if self.spill is None:
+                self._queue.put(_STOP)
+                self._thread.join()
+            else:
+                try:
+                    self._queue.put(_STOP, timeout=self.close_timeout)
+                except queue.Full:
+                    pass
+                self._thread.join(max(0.0, deadline - time.monotonic()))
+                self._spill_unsent()
+            while self.spill is not None and self.spill.pending and time.monotonic() < deadline:
+                self._drain_spill()
+                if self.spill.pending:
+                    time.sleep(min(self.retry_interval, max(0.0, deadline - time.monotonic())))
         self._thread = None
+        if self.spill is not None and self.spill.pending:
+            logger.error(
+                "%d files of %s could not be uploaded before close (the store did not answer for "
+                "%.0f s). They are safe in %s; upload them later with: mltrace upload-spill %s",
+                self.spill.pending, self.storage.uri, self.close_timeout, self.spill.path, self.spill.path)
         if len(self.errors) > 1:
             logger.error("%d files of %s could not be written; first: %s",
                          len(self.errors), self.storage.uri, self.errors[0])

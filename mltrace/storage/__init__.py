@@ -52,6 +52,10 @@ def open_storage(location: str) -> Storage:
     scheme = location.split("://", 1)[0].lower()
     if scheme == "file":
         return LocalStorage(location[len("file://"):])
+    if scheme == "s3":
+        from mltrace.storage.s3 import S3Storage  # boto3 is imported on first request
+
+        return S3Storage(location)
     _load_entry_points()
     if scheme not in _SCHEMES:
         raise MltraceValueError(

@@ -34,6 +34,10 @@ class Storage(ABC):
     def exists(self, key: str) -> bool:
         """True if ``key`` exists."""
 
+    def read_many(self, requests: list[tuple[str, int, int | None]]) -> list[bytes]:
+        """Read several (key, start, length) ranges; remote storages fetch them in parallel."""
+        return [self.read(key, start, length) for key, start, length in requests]
+
     def local_path(self, key: str) -> str | None:
         """A filesystem path for ``key`` when the storage is local, else None."""
         return None
