@@ -139,6 +139,9 @@ class Trial:
         """Read index files that appeared since the last refresh."""
         self._last_refresh = time.monotonic()
         ended = self.storage.exists(paths.END_OF_JOB_MARKER)
+        if ended and self.num_workers > 1:
+            done = self.storage.list(paths.WORKERS_DONE_DIR)
+            ended = not done or len(done) >= self.num_workers  # smdebug trials have no done files
         self._ingest(self.storage.list(paths.INDEX_DIR, start_after=self._token))
         if ended:
             self.loaded_all_steps = True

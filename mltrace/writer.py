@@ -120,8 +120,8 @@ class TrialWriter:
         self._submit([(paths.collections_file_key(self.worker), collections_json.encode())])
 
     def write_end_marker(self) -> None:
-        """Write ``training_job_end.ts`` after everything queued before it."""
-        self._submit([(paths.END_OF_JOB_MARKER, b"")])
+        """Write this worker's done file, then ``training_job_end.ts``, after everything queued."""
+        self._submit([(f"{paths.WORKERS_DONE_DIR}/{self.worker}", b""), (paths.END_OF_JOB_MARKER, b"")])
 
     def write_file(self, key: str, data: bytes) -> None:
         """Queue any other file of the trial (e.g. the MLflow run file)."""

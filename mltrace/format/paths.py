@@ -22,6 +22,10 @@ TENSORBOARD_DIR = "tensorboard"
 MLFLOW_RUN_FILE = "mltrace_mlflow_run.json"
 #: written by a rule's StopTraining action; hooks watch for it and end training at a step boundary.
 STOP_SIGNAL_FILE = "mltrace_stop_training.json"
+#: one empty file per worker that finished (``<dir>/<worker>``), written before the end marker:
+#: with several workers, the first to finish writes the end marker while others still train, so
+#: mltrace's reader also waits for every worker's file (smdebug-written trials have none).
+WORKERS_DONE_DIR = "mltrace_done"
 #: one JSON per rule execution (mltrace.rules.results), read by the TensorBoard plugin.
 RULE_RESULTS_DIR = "mltrace_rules"
 INDEX_FILES_PER_PREFIX = 1000
