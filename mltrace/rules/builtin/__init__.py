@@ -9,7 +9,21 @@ from __future__ import annotations
 import logging
 
 from mltrace.exceptions import MltraceValueError
+from mltrace.rules.builtin.activations import DeadRelu, SaturatedActivation
+from mltrace.rules.builtin.classification import ClassImbalance, Confusion
+from mltrace.rules.builtin.exploding_tensor import ExplodingTensor, NaNInfDetected
+from mltrace.rules.builtin.gradient_baseline import GradientNormVsBaseline
+from mltrace.rules.builtin.input_data import CheckInputImages, NLPSequenceRatio
+from mltrace.rules.builtin.loss_not_decreasing import LossNotDecreasing
+from mltrace.rules.builtin.overfit import Overfit, Overtraining
+from mltrace.rules.builtin.poor_weight_initialization import PoorWeightInitialization
+from mltrace.rules.builtin.similar_across_runs import SimilarAcrossRuns
+from mltrace.rules.builtin.stalled_training import StalledTrainingRule
+from mltrace.rules.builtin.tensor_statistics import AllZero, TensorVariance
+from mltrace.rules.builtin.unchanged_tensor import UnchangedTensor
 from mltrace.rules.builtin.vanishing_gradient import VanishingGradient
+from mltrace.rules.builtin.weight_update_ratio import WeightUpdateRatio
+from mltrace.rules.builtin.xgboost_rules import FeatureImportanceOverweight, TreeDepth
 from mltrace.rules.rule import Rule
 
 logger = logging.getLogger(__name__)
@@ -18,6 +32,27 @@ BUILTIN_RULES: dict[str, type[Rule]] = {
     cls.__name__: cls
     for cls in (
         VanishingGradient,
+        ExplodingTensor,
+        SimilarAcrossRuns,
+        WeightUpdateRatio,
+        AllZero,
+        UnchangedTensor,
+        LossNotDecreasing,
+        CheckInputImages,
+        NLPSequenceRatio,
+        Confusion,
+        ClassImbalance,
+        DeadRelu,
+        SaturatedActivation,
+        PoorWeightInitialization,
+        TensorVariance,
+        Overfit,
+        Overtraining,
+        StalledTrainingRule,
+        FeatureImportanceOverweight,
+        TreeDepth,
+        NaNInfDetected,
+        GradientNormVsBaseline,
     )
 }
 _entry_points_loaded = False

@@ -1,0 +1,126 @@
+"""DeadRelu and SaturatedActivation: layers whose units have stopped passing signal."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from mltrace.rules.builtin._params import as_float, as_names, as_range, as_regex_list
+from mltrace.rules.builtin._reading import TensorSelection, units_fraction, value_at
+from mltrace.rules.rule import Rule
+from mltrace.trials import Trial
+
+
+def _percentages(name: str, inactivity: Any, layer: Any) -> tuple[float, float]:
+    return (as_float(name, "threshold_inactivity", inactivity, 0, 100),
+            as_float(name, "threshold_layer", layer, 0, 100))
+
+
+class DeadRelu(Rule):
+    """Fires when more than ``threshold_layer`` percent of a ReLU layer's units are dead: active
+    (output > 0) in fewer than ``threshold_inactivity`` percent of the samples.
+
+    Args:
+        base_trial: the trial to watch.
+        tensor_regex: regexes of ReLU output tensors; default None: the ``relu_output``
+            collection when the trial has it, else names matching ".*relu_output" (the
+            collection SageMaker configured for this rule).
+        threshold_inactivity: default 1.0 (percent of samples).
+        threshold_layer: default 50.0 (percent of units).
+
+    A unit is a position of axis 1 (a neuron of a dense layer, a channel of a convolution in
+    NCHW); its activity is the percentage of samples (axis 0, and every remaining position) where
+    it is active, over the batch saved at that step (smdebug does not document this). Needs the
+    raw tensor.
+    """
+
+    def __init__(self, base_trial: Trial, tensor_regex: Any = None, threshold_inactivity: Any = 1.0,
+                 threshold_layer: Any = 50.0, action_str: Any = None) -> None:
+        super().__init__(base_trial, action_str=action_str)
+        self.tensor_regex = as_regex_list(self.rule_name, "tensor_regex", tensor_regex)
+        self.threshold_inactivity, self.threshold_layer = _percentages(
+            self.rule_name, threshold_inactivity, threshold_layer)
+        if self.tensor_regex:
+            self._selection = TensorSelection(self.rule_name, [], self.tensor_regex)
+        else:
+            self._selection = TensorSelection(self.rule_name, [], [],
+                                              optional_collections=("relu_output",),
+                                              fallback_regex=[".*relu_output"])
+
+    def invoke_at_step(self, step: int) -> bool:
+        for tensor in self._selection.tensors(self.base_trial):
+            value = value_at(tensor, step)
+            if value is None or np.asarray(value).dtype.kind not in "biuf":
+                continue
+            activity = units_fraction(np.asarray(value) > 0)
+            if activity is None:
+                continue
+            dead = 100.0 * float(np.mean(100.0 * activity < self.threshold_inactivity))
+            if dead > self.threshold_layer:
+                self.last_message = (
+                    f"{tensor.name}: {dead:.3g}% of {activity.size} units are dead at step {step} "
+                    f"(active in < {self.threshold_inactivity:g}% of samples; "
+                    f"threshold_layer {self.threshold_layer:g}%)")
+                return True
+        return False
+
+
+class SaturatedActivation(Rule):
+    """Fires when more than ``threshold_layer`` percent of a tanh or sigmoid layer's units are
+    saturated: their input lies inside the non-saturated range in fewer than
+    ``threshold_inactivity`` percent of the samples.
+
+    Args:
+        base_trial: the trial to watch.
+        collection_names: collections of activation-input tensors.
+        tensor_regex: default ".*tanh_input, .*sigmoid_input" (union with the collections).
+        threshold_tanh: default (-9.4999, 9.4999): beyond it tanh's gradient is below 1e-7.
+        threshold_sigmoid: default (-23, 16.99999): likewise for the sigmoid.
+        threshold_inactivity: default 1.0 (percent of samples).
+        threshold_layer: default 50.0 (percent of units).
+
+    Choice where smdebug is silent: a tensor whose name contains "sigmoid" (any case) uses the
+    sigmoid range, any other the tanh range. The ranges are open intervals.
+
+    A unit is a position of axis 1 (a neuron of a dense layer, a channel of a convolution in
+    NCHW); its activity is the percentage of samples (axis 0, and every remaining position) where
+    it is active, over the batch saved at that step (smdebug does not document this). Needs the
+    raw tensor.
+    """
+
+    def __init__(self, base_trial: Trial, collection_names: Any = None,
+                 tensor_regex: Any = ".*tanh_input, .*sigmoid_input",
+                 threshold_tanh: Any = (-9.4999, 9.4999), threshold_sigmoid: Any = (-23, 16.99999),
+                 threshold_inactivity: Any = 1.0, threshold_layer: Any = 50.0,
+                 action_str: Any = None) -> None:
+        super().__init__(base_trial, action_str=action_str)
+        name = self.rule_name
+        self.collection_names = as_names(collection_names)
+        self.tensor_regex = as_regex_list(name, "tensor_regex", tensor_regex)
+        self.threshold_tanh = as_range(name, "threshold_tanh", threshold_tanh)
+        self.threshold_sigmoid = as_range(name, "threshold_sigmoid", threshold_sigmoid)
+        self.threshold_inactivity, self.threshold_layer = _percentages(
+            name, threshold_inactivity, threshold_layer)
+        self._selection = TensorSelection(name, self.collection_names, self.tensor_regex)
+        self._selection.check(base_trial)
+
+    def invoke_at_step(self, step: int) -> bool:
+        for tensor in self._selection.tensors(self.base_trial):
+            value = value_at(tensor, step)
+            if value is None or np.asarray(value).dtype.kind not in "biuf":
+                continue
+            sigmoid = "sigmoid" in tensor.name.lower()
+            low, high = self.threshold_sigmoid if sigmoid else self.threshold_tanh
+            arr = np.asarray(value, dtype=np.float64)
+            activity = units_fraction((arr > low) & (arr < high))
+            if activity is None:
+                continue
+            saturated = 100.0 * float(np.mean(100.0 * activity < self.threshold_inactivity))
+            if saturated > self.threshold_layer:
+                self.last_message = (
+                    f"{tensor.name}: {saturated:.3g}% of {activity.size} units are saturated at "
+                    f"step {step} (input outside ({low:g}, {high:g}) in > "
+                    f"{100 - self.threshold_inactivity:g}% of samples)")
+                return True
+        return False
