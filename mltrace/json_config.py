@@ -67,11 +67,14 @@ def config_file_path(json_file_path: str | None = None) -> str:
     return path
 
 
-def _save_config_from(layers: list[Mapping[str, Any]], where: str) -> SaveConfig | None:
+def _save_config_from(layers: list[Mapping[str, Any]], where: str,
+                      defaults: Mapping[str, Any] | None = None) -> SaveConfig | None:
     """SaveConfig from flat keys, layered as smdebug layers them: each layer's plain keys, then
-    its mode-prefixed keys, override the layers before it (hook first, then the collection)."""
+    its mode-prefixed keys, override the layers before it (hook first, then the collection).
+    ``defaults`` (an adapter's own defaults, e.g. XGBoost's save_interval 10) come first."""
     if not any(k.split(".")[-1] in _SAVE_KEYS for layer in layers for k in layer):
         return None
+    layers = [defaults or {}, *layers]
     modes: dict[ModeKeys, SaveConfigMode] = {}
     for prefix, mode in _MODE_PREFIXES.items():
         values: dict[str, Any] = {}
@@ -116,8 +119,10 @@ def _check_keys(params: Mapping[str, Any], allowed: frozenset[str], where: str) 
         )
 
 
-def parse_hook_config(doc: Mapping[str, Any], path: str = "<dict>") -> HookConfig:
-    """Turn a parsed JSON config into a HookConfig.
+def parse_hook_config(doc: Mapping[str, Any], path: str = "<dict>",
+                      save_defaults: Mapping[str, Any] | None = None) -> HookConfig:
+    """Turn a parsed JSON config into a HookConfig (``save_defaults``: the adapter's default
+    save keys, used where the file leaves one out; smdebug's ``default_values``).
 
     Raises:
         MltraceValueError: unknown keys or invalid values, naming key, value and fix.
@@ -143,8 +148,15 @@ def parse_hook_config(doc: Mapping[str, Any], path: str = "<dict>") -> HookConfi
     if params.get("tensorboard_dir"):
         kwargs["tensorboard_dir"] = str(params["tensorboard_dir"])
     if "mlflow" in params:
-        kwargs["mlflow"] = params["mlflow"]
-    save_config = _save_config_from([params], where)
+        # true/false (also as strings), or the options object (also as a JSON string).
+        value = params["mlflow"]
+        if isinstance(value, str) and value.strip().startswith("{"):
+            try:
+                value = json.loads(value)
+            except ValueError as exc:
+                raise MltraceValueError(f"{where}.mlflow={value!r} is not a JSON object: {exc}") from None
+        kwargs["mlflow"] = dict(value) if isinstance(value, Mapping) else parse_flag(f"{where}.mlflow", value)
+    save_config = _save_config_from([params], where, save_defaults)
     if save_config is not None:
         kwargs["save_config"] = save_config
     reduction_config = _reduction_config_from(params, where)
@@ -168,7 +180,7 @@ def parse_hook_config(doc: Mapping[str, Any], path: str = "<dict>") -> HookConfi
             settings["save_histogram"] = parse_flag(f"{cwhere}.save_histogram", cparams["save_histogram"])
         # Per-collection save keys inherit unspecified values from HookParameters, per mode.
         if any(k.split(".")[-1] in _SAVE_KEYS for k in cparams):
-            settings["save_config"] = _save_config_from([params, cparams], cwhere)
+            settings["save_config"] = _save_config_from([params, cparams], cwhere, save_defaults)
         reduction = _reduction_config_from(cparams, cwhere)
         if reduction is not None:
             settings["reduction_config"] = reduction
@@ -177,7 +189,8 @@ def parse_hook_config(doc: Mapping[str, Any], path: str = "<dict>") -> HookConfi
     return HookConfig(hook_kwargs=kwargs, collections=collections, path=path)
 
 
-def load_hook_config(json_file_path: str | None = None) -> HookConfig:
+def load_hook_config(json_file_path: str | None = None,
+                     save_defaults: Mapping[str, Any] | None = None) -> HookConfig:
     """Read and parse the hook configuration file (see config_file_path)."""
     path = config_file_path(json_file_path)
     try:
@@ -185,4 +198,4 @@ def load_hook_config(json_file_path: str | None = None) -> HookConfig:
             doc = json.load(f)
     except ValueError as exc:
         raise MltraceValueError(f"hook configuration file {path!r} is not valid JSON: {exc}") from None
-    return parse_hook_config(doc, path)
+    return parse_hook_config(doc, path, save_defaults)
