@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from mltrace.config import ReductionConfig, SaveConfig
+from mltrace.config import ReductionConfig, SaveConfig, bump_config_generation
 from mltrace.exceptions import MltraceValueError
 
 
@@ -156,11 +156,13 @@ class Collection:
         if self._save_config is None:
             base = self._inherited_save_config
             self._save_config = base.copy() if base is not None else SaveConfig()
+            bump_config_generation()
         return self._save_config
 
     @save_config.setter
     def save_config(self, value: Any) -> None:
         self._save_config = None if value is None else SaveConfig.parse(value)
+        bump_config_generation()
 
     def has_own_save_config(self) -> bool:
         """True once a SaveConfig was set on (or read from) this collection."""

@@ -35,7 +35,7 @@ from mltrace.exceptions import (
 from mltrace.format import paths
 from mltrace.format._wire import WireError
 from mltrace.format.crc32c import crc32c
-from mltrace.format.events import decode_event
+from mltrace.format.events import decode_tensor_payload
 from mltrace.format.index import decode_index
 from mltrace.format.records import unframe_record
 from mltrace.modes import ModeKeys, mode_from
@@ -384,12 +384,12 @@ class Trial:
         if loc.crc32c is not None and crc32c(payload) != loc.crc32c:
             raise CorruptRecordError(where, f"payload CRC32C {crc32c(payload)} differs from the index's {loc.crc32c}")
         try:
-            event = decode_event(payload)
-        except WireError as exc:
-            raise CorruptRecordError(where, f"not an Event ({exc})") from None
-        if not event.values or event.values[0].tensor is None:
+            tensor = decode_tensor_payload(payload)
+        except (WireError, IndexError) as exc:
+            raise CorruptRecordError(where, f"not an Event ({exc or 'truncated'})") from None
+        if tensor is None:
             raise CorruptRecordError(where, "record holds no tensor")
-        return event.values[0].tensor
+        return tensor
 
     def __repr__(self) -> str:
         return f"<Trial {self.name!r} at {self.path!r}: {len(self._index.step_workers)} steps>"

@@ -61,8 +61,61 @@ def encode_tensor_event(
 
 
 def encode_scalar_event(tag: str, value: float, step: int, wall_time: float) -> bytes:
-    """Serialize a TensorBoard scalar Event (``Value.simple_value``, a float32)."""
+    """Serialize a TensorBoard scalar Event (``Value { 1 tag, 2 simple_value: float }``, a float32
+    with no metadata): what torch's ``SummaryWriter.add_scalar`` writes by default; TensorBoard's
+    readers give it the "scalars" plugin and DATA_CLASS_SCALAR."""
     val = w.len_field(1, tag.encode("utf-8")) + w.float_field(2, float(value))
+    return _event(wall_time, step, w.len_field(1, val))
+
+
+#: The first record of every TensorBoard events file (readers parse the number after the colon;
+#: 2 or more turns on restart detection by SessionLog.START instead of purging on step order).
+FILE_VERSION = "brain.Event:2"
+
+
+def encode_file_version_event(wall_time: float, writer: str = "mltrace") -> bytes:
+    """Serialize a TensorBoard file's first Event, as TensorBoard's own EventFileWriter does::
+
+        Event { 1 wall_time: double, 3 file_version: "brain.Event:2",
+                10 source_metadata: SourceMetadata { 1 writer: string } }
+    """
+    head = w.double_field(1, wall_time) if wall_time else b""
+    return head + w.len_field(3, FILE_VERSION.encode()) + w.len_field(10, w.len_field(1, writer.encode()))
+
+
+def _nonzero_double(field_number: int, value: float) -> bytes:
+    # proto3 leaves out a double whose bits are all zero (0.0, not -0.0), as protobuf does.
+    value = float(value)
+    return w.double_field(field_number, value) if (value != 0.0 or np.signbit(value)) else b""
+
+
+def encode_histogram(
+    min: float, max: float, num: float, sum: float, sum_squares: float,
+    bucket_limit: np.ndarray, bucket: np.ndarray,
+) -> bytes:
+    """Serialize a HistogramProto (TensorBoard's legacy histogram, what torch's SummaryWriter writes)::
+
+        HistogramProto { 1 min, 2 max, 3 num, 4 sum, 5 sum_squares: double,
+                         6 bucket_limit: packed double, 7 bucket: packed double }
+
+    ``bucket_limit[i]`` is the right edge of bucket ``i`` (the first bucket starts at -DBL_MAX);
+    ``bucket`` holds the counts, as doubles.
+    """
+    out = b"".join(_nonzero_double(f, v) for f, v in ((1, min), (2, max), (3, num), (4, sum), (5, sum_squares)))
+    limits = np.ascontiguousarray(bucket_limit, dtype="<f8")
+    counts = np.ascontiguousarray(bucket, dtype="<f8")
+    if limits.size:
+        out += w.len_field(6, limits.tobytes())
+    if counts.size:
+        out += w.len_field(7, counts.tobytes())
+    return out
+
+
+def encode_histogram_event(tag: str, histogram: bytes, step: int, wall_time: float) -> bytes:
+    """Serialize a TensorBoard histogram Event: ``Value { 1 tag, 5 histo: HistogramProto }`` with
+    no metadata, byte for byte what torch's ``SummaryWriter.add_histogram`` writes (TensorBoard's
+    readers give such values the "histograms" plugin and its data class)."""
+    val = _tag_field(tag) + w.len_field(5, histogram)
     return _event(wall_time, step, w.len_field(1, val))
 
 
@@ -153,3 +206,60 @@ def decode_event(payload: bytes | memoryview) -> DecodedEvent:
                 if sf == 1 and swt == w.LEN:
                     event.values.append(_decode_value(sv))  # type: ignore[arg-type]
     return event
+
+
+def _skip(buf: bytes, pos: int, wire_type: int) -> int:
+    """Position after the value of a field of ``wire_type`` starting at ``pos``."""
+    if wire_type == w.VARINT:
+        while buf[pos] & 0x80:
+            pos += 1
+        return pos + 1
+    if wire_type == w.FIXED64:
+        return pos + 8
+    if wire_type == w.FIXED32:
+        return pos + 4
+    if wire_type == w.LEN:
+        length, pos = w.read_varint(buf, pos)
+        return pos + length
+    raise w.WireError(f"unsupported wire type {wire_type}")
+
+
+def _find(buf: bytes, start: int, end: int, field: int) -> tuple[int, int] | None:
+    """(start, end) of the first length-delimited ``field`` in buf[start:end], else None."""
+    pos = start
+    while pos < end:
+        tag = buf[pos]
+        if tag < 0x80:
+            pos += 1
+        else:
+            tag, pos = w.read_varint(buf, pos)
+        if tag == (field << 3) | w.LEN:
+            length = buf[pos]
+            if length < 0x80:
+                pos += 1
+            else:
+                length, pos = w.read_varint(buf, pos)
+            if pos + length > end:
+                raise w.WireError(f"field {field} runs past the end of its message")
+            return pos, pos + length
+        pos = _skip(buf, pos, tag & 7)
+    return None
+
+
+def decode_tensor_payload(payload: bytes) -> np.ndarray | None:
+    """The tensor of an events/ record, read straight from Event.summary.value[0].tensor.
+
+    The reader's hot path (one call per value()): it skips wall time, step and plugin data, and
+    returns None when the record holds no tensor. decode_event is the general decoder.
+    """
+    buf = bytes(payload)
+    summary = _find(buf, 0, len(buf), 5)
+    if summary is None:
+        return None
+    value = _find(buf, summary[0], summary[1], 1)
+    if value is None:
+        return None
+    tensor = _find(buf, value[0], value[1], 8)
+    if tensor is None:
+        return None
+    return decode_tensor(memoryview(buf)[tensor[0]:tensor[1]])
