@@ -20,3 +20,5 @@ def pytest_configure(config):
     config.addinivalue_line("filterwarnings", r"ignore::DeprecationWarning:smdebug\..*")
     config.addinivalue_line(
         "filterwarnings", r"ignore:Call to deprecated create function:DeprecationWarning")
+    # MXNet 1.9.1 touches numpy aliases and distutils that numpy 1.23 / Python 3.11 deprecate.
+    config.addinivalue_line("filterwarnings", r"ignore::DeprecationWarning:mxnet\..*")

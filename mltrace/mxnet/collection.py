@@ -1,0 +1,63 @@
+"""MXNet collections: smdebug's default regexes for Gluon names, and ``add_block_tensors``."""
+
+from __future__ import annotations
+
+import re
+
+from mxnet import gluon
+
+from mltrace.collections import Collection as _CoreCollection
+from mltrace.collections import CollectionKeys, CollectionManager
+from mltrace.exceptions import MltraceTypeError
+
+DEFAULT_COLLECTIONS = {
+    CollectionKeys.ALL: [],
+    CollectionKeys.DEFAULT: [],
+    CollectionKeys.WEIGHTS: ["^(?!gradient).*weight"],
+    CollectionKeys.BIASES: ["^(?!gradient).*bias"],
+    CollectionKeys.GRADIENTS: ["^gradient"],
+    CollectionKeys.LOSSES: [".*loss._(?!input).*output"],
+}
+DEFAULT_INCLUDE_COLLECTIONS = [CollectionKeys.LOSSES]
+TORNASOLE_INCLUDE_COLLECTIONS = [
+    CollectionKeys.WEIGHTS, CollectionKeys.BIASES, CollectionKeys.GRADIENTS]
+GRADIENT_PREFIX = "gradient/"
+
+
+class Collection(_CoreCollection):
+    """A collection that can also hold a Gluon block's inputs and outputs."""
+
+    def add_block_tensors(self, block: gluon.Block, inputs: bool = False,
+                          outputs: bool = True) -> None:
+        """Save ``block``'s inputs and/or outputs with this collection (``<name>_input_<i>``...)."""
+        if not isinstance(block, gluon.Block):
+            raise MltraceTypeError(
+                f"add_block_tensors needs a gluon.Block, got {type(block).__name__}")
+        # Anchored, unlike smdebug's "conv0_input_*", which also matched "myconv0_input_0".
+        if inputs:
+            self.include(f"^{re.escape(block.name)}_input_")
+        if outputs:
+            self.include(f"^{re.escape(block.name)}_output_")
+
+
+def _collection_manager() -> CollectionManager:
+    manager = CollectionManager(collection_class=Collection)
+    for name, regexes in DEFAULT_COLLECTIONS.items():
+        manager.get(name).include(regexes)
+    return manager
+
+
+# Collections made with smd.get_collection(...) before a hook exists go to the next hook created.
+_pending = _collection_manager()
+
+
+def take_pending() -> CollectionManager:
+    """The pending collections, handed to a new hook (a fresh set takes their place)."""
+    global _pending
+    manager, _pending = _pending, _collection_manager()
+    return manager
+
+
+def pending_collection(name: str, create: bool = True) -> Collection:
+    """A collection of the hook about to be created."""
+    return _pending.get(name, create)  # type: ignore[return-value]
