@@ -29,7 +29,7 @@ from mltrace.collections import (
     CollectionKeys,
     CollectionManager,
 )
-from mltrace.config import ReductionConfig, SaveConfig
+from mltrace.config import ReductionConfig, SaveConfig, config_generation
 from mltrace.exceptions import (
     InvalidCollectionConfiguration,
     MltraceError,
@@ -42,6 +42,7 @@ from mltrace.format import SCALAR_PREFIX, paths
 from mltrace.modes import ModeKeys, mode_from
 from mltrace.reductions import reduction_tensor_name
 from mltrace.storage import open_storage
+from mltrace.tensorboard_export import TensorBoardWriter, clean_tag, resolve_tensorboard_dir
 from mltrace.writer import TrialWriter
 
 logger = logging.getLogger(__name__)
@@ -93,8 +94,9 @@ class BaseHook:
 
     Args:
         out_dir: local directory (or URI of an installed storage backend) for the trial.
-        export_tensorboard: also write TensorBoard summaries (the TensorBoard issue).
-        tensorboard_dir: where TensorBoard summaries go.
+        export_tensorboard: also write TensorBoard summaries (scalars of losses and metrics,
+            histograms of collections with save_histogram) to ``<out_dir>/tensorboard/<MODE>/``.
+        tensorboard_dir: where TensorBoard summaries go (implies the export).
         dry_run: decide everything but write no file.
         reduction_config: default ReductionConfig of collections that set none.
         save_config: default SaveConfig (a SaveConfig, SaveConfigMode or {mode: SaveConfigMode}).
@@ -135,11 +137,10 @@ class BaseHook:
         global _current_hook
         if not out_dir:
             raise MltraceValueError("out_dir is required: the directory the trial is written to")
-        if export_tensorboard or tensorboard_dir:
-            raise MltraceValueError(
-                "export_tensorboard/tensorboard_dir: TensorBoard export is not part of this mltrace "
-                "version yet; remove the argument (tensors are still saved to out_dir)"
-            )
+        #: where TensorBoard summaries go (None: no export); see mltrace.tensorboard_export.
+        self.tensorboard_dir = resolve_tensorboard_dir(out_dir, export_tensorboard, tensorboard_dir)
+        if self.tensorboard_dir:
+            open_storage(self.tensorboard_dir)  # a location no backend handles fails here, clearly
         if include_workers not in ("one", "all"):
             raise MltraceValueError(f"include_workers={include_workers!r} must be 'one' or 'all'")
         if reduction_config is not None and not isinstance(reduction_config, ReductionConfig):
@@ -191,12 +192,16 @@ class BaseHook:
         self._nan_buffer: list[tuple[str, np.ndarray, tuple[Collection, ...]]] = []
         self._nan_seen = False
         self._unsupported: set[str] = set()
+        self._rules_key: tuple[Any, ...] | None = None
+        self._rules_cache: dict[ModeKeys, list[tuple[Collection, Any]]] = {}
         self._disabled = False
         self._closed = False
         self._collections_exported = False
         self.worker = "worker_0"
         self.num_workers = 1
         self.writer: TrialWriter | None = None
+        self.tensorboard: TensorBoardWriter | None = None
+        self._step_mode = ModeKeys.GLOBAL
         self.sinks: list[Any] = []
         self.stop_requested: dict[str, Any] | None = None
         # Local trials are checked every second; remote ones every 5 s (one request each time).
@@ -297,12 +302,8 @@ class BaseHook:
         if self.mode is not ModeKeys.GLOBAL:
             self.mode_steps[ModeKeys.GLOBAL] = self.step
         mode_step = self.mode_steps[self.mode]
-        due = []
-        for coll in self._collections_to_save:
-            if self.mode in (ModeKeys.EVAL, ModeKeys.PREDICT) and coll.name in TRAIN_ONLY_COLLECTIONS:
-                continue
-            if coll.effective_save_config().should_save_step(self.mode, mode_step):
-                due.append(coll)
+        self._step_mode = self.mode  # the run its TensorBoard summaries go to, even after set_mode
+        due = [coll for coll, rule in self._save_rules(self.mode) if rule.should_save_step(mode_step)]
         self._due = frozenset(due)
         self._written_this_step.clear()
         self._nan_seen = False
@@ -311,6 +312,23 @@ class BaseHook:
             self.writer.open_step(self.step, self.mode, mode_step)
         if self.writer is not None and self.stop_requested is None:
             self._check_stop_signal()
+
+    def _save_rules(self, mode: ModeKeys) -> list[tuple[Collection, Any]]:
+        """(collection, its SaveConfigMode for ``mode``) of the collections that may save in
+        ``mode``; cached, since it is consulted at every step (looked up again whenever a
+        configuration object is replaced, see config_generation)."""
+        key = (mode, config_generation(), len(self._collections_to_save))
+        if self._rules_key != key:
+            self._rules_cache = {}
+            self._rules_key = key
+        rules = self._rules_cache.get(mode)
+        if rules is None:
+            rules = [
+                (c, c.effective_save_config().get_save_config(mode)) for c in self._collections_to_save
+                if not (mode in (ModeKeys.EVAL, ModeKeys.PREDICT) and c.name in TRAIN_ONLY_COLLECTIONS)
+            ]
+            self._rules_cache[mode] = rules
+        return rules
 
     def _check_stop_signal(self) -> None:
         """Look (at most every stop_check_interval seconds) for a rule's stop signal."""
@@ -343,6 +361,8 @@ class BaseHook:
                 self.writer.open_step(self.step, self.mode, self.mode_steps[self.mode])
             for name, value, ts in self._pending_scalars:
                 self._write_record(name, value, ts)
+                if self.tensorboard is not None:
+                    self.tensorboard.add_scalar(self._step_mode, self.step, name, float(value.reshape(-1)[0]), ts)
             self._pending_scalars.clear()
         if self._nan_buffer:
             if self._nan_seen:
@@ -364,6 +384,8 @@ class BaseHook:
             return
         self.collection_manager.num_workers = self.num_workers if self.save_all_workers else 1
         self.writer = TrialWriter(self.storage, self.worker)
+        if self.tensorboard_dir:
+            self.tensorboard = TensorBoardWriter(self.tensorboard_dir, None if chief else self.worker)
         self._export_collections()
 
     def _export_collections(self) -> None:
@@ -449,8 +471,28 @@ class BaseHook:
                 value = float(np.mean(array))
                 for sink in self.sinks:
                     sink.log_scalar(name, value, self.mode, self.mode_steps[self.mode])
+        if self.tensorboard is not None:
+            self._export_summaries(name, value, array, colls, on_host)
         if array is not None and name in self._nan_watch and array.dtype.kind in "fc" and np.isnan(array).any():
             self._nan_seen = True
+
+    def _export_summaries(self, name: str, value: Any, array: np.ndarray | None,
+                          colls: Iterable[Collection], on_host: bool) -> None:
+        """TensorBoard scalars (tensors of scalar collections that squeeze to 0-d) and histograms
+        (the first due collection with save_histogram), as smdebug exported them."""
+        assert self.tensorboard is not None
+        colls = list(colls)
+        scalar = any(c.name in SCALAR_COLLECTIONS for c in colls)
+        histo = next((c for c in colls if c.save_histogram and c.name not in NON_REDUCTION_COLLECTIONS), None)
+        if not scalar and histo is None:
+            return
+        if array is None:
+            array = value if on_host else self._to_numpy(value)
+        array = getattr(array, "to_float32", lambda: array)()  # bfloat16 bits -> their float32 values
+        if scalar and array.size == 1 and array.dtype.kind in "biuf":
+            self.tensorboard.add_scalar(self._step_mode, self.step, name, float(array.reshape(-1)[0]))
+        if histo is not None:
+            self.tensorboard.add_histogram(self._step_mode, self.step, f"{histo.name}/{clean_tag(name)}", array)
 
     def _write_record(self, name: str, array: np.ndarray, wall_time: float | None = None) -> None:
         assert self.writer is not None
@@ -495,11 +537,7 @@ class BaseHook:
     def _begin_due_refresh(self) -> None:
         """Recompute which collections are due this step after collections were added mid-step."""
         mode_step = self.mode_steps[self.mode]
-        self._due = frozenset(
-            c for c in self._collections_to_save
-            if not (self.mode in (ModeKeys.EVAL, ModeKeys.PREDICT) and c.name in TRAIN_ONLY_COLLECTIONS)
-            and c.effective_save_config().should_save_step(self.mode, mode_step)
-        )
+        self._due = frozenset(c for c, rule in self._save_rules(self.mode) if rule.should_save_step(mode_step))
         self.step_active = bool(self._due) or bool(self._nan_watch)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -528,22 +566,29 @@ class BaseHook:
             self._closed = True
 
     def _finish(self, write_end_marker: bool) -> None:
-        if self.writer is None:
-            if not self._prepared and not self.dry_run and not self._disabled and self.step < 0:
-                return  # never started: leave no files
+        try:
             if self.writer is None:
-                return
-        self._end_step()
-        self._export_collections()
-        for sink in self.sinks:
-            try:
-                sink.close()
-            except Exception as exc:
-                logger.error("sink %s failed at close: %s", sink, exc)
-        if write_end_marker:
-            self.writer.write_end_marker()
-        self.writer.close()
-        self.writer = None
+                if not self._prepared and not self.dry_run and not self._disabled and self.step < 0:
+                    return  # never started: leave no files
+                if self.writer is None:
+                    return
+            self._end_step()
+            self._export_collections()
+            if self.tensorboard is not None:
+                self.tensorboard.close()
+                self.tensorboard = None
+            if write_end_marker:
+                self.writer.write_end_marker()
+            self.writer.close()
+            self.writer = None
+        finally:
+            # Sinks close last, also when nothing was written: they upload the trial's files
+            # (MLflow artifacts), so those must be on storage first; and they end their runs.
+            for sink in self.sinks:
+                try:
+                    sink.close()
+                except Exception as exc:
+                    logger.error("sink %s failed at close: %s", sink, exc)
 
     def __getstate__(self) -> dict[str, Any]:
         # As smdebug: a pickled hook (DataLoader workers, multiprocessing) carries nothing.

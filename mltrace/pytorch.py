@@ -5,6 +5,11 @@ start of each step, before the update), gradients ``gradient/<RootClass>_<param 
 inputs/outputs ``<module path>_input_<i>`` / ``<module path>_output_<i>`` (the root module by its
 class name), losses ``<LossClass>_output_0``.
 
+Distributed jobs (torch.distributed, or Horovod): each process is ``worker_<rank>``. With
+``include_workers="all"`` every worker writes its own files and the trial's ``num_workers`` is the
+world size; with "one" (the default) only worker_0 writes. Gradients are the worker's own, as the
+gradient hook receives them before DistributedDataParallel averages them (smdebug saved the same).
+
 Example:
     >>> import mltrace.pytorch as smd
     >>> hook = smd.Hook(out_dir="/tmp/run", save_config=smd.SaveConfig(save_interval=10),
@@ -132,6 +137,7 @@ class Hook(BaseHook):
             default_saved_collections=DEFAULT_INCLUDE_COLLECTIONS,
         )
         self._modules: list[torch.nn.Module] = []
+        self._handles: list[Any] = []
         self._root_names: dict[int, str] = {}
         self._io_index: dict[str, int] = {}
 
@@ -151,8 +157,13 @@ class Hook(BaseHook):
 
     # -- worker identity --------------------------------------------------------------------------
     def _worker_identity(self) -> tuple[str, int]:
+        """``worker_<rank>`` and the world size, asked when the first step starts, from (as
+        smdebug) torch.distributed if initialized, else Horovod if the job initialized it."""
         if dist.is_available() and dist.is_initialized():
             return f"worker_{dist.get_rank()}", dist.get_world_size()
+        hvd = _horovod()
+        if hvd is not None:
+            return f"worker_{hvd.rank()}", hvd.size()
         return "worker_0", 1
 
     # -- registration -----------------------------------------------------------------------------
@@ -169,12 +180,37 @@ class Hook(BaseHook):
         module._mltrace_name = root  # type: ignore[assignment]
         self._modules.append(module)
         module.register_forward_pre_hook(self._forward_pre_hook)
-        for sub in module.modules():
-            sub.register_forward_hook(self._forward_hook)
-        for pname, param in module.named_parameters():
-            if param.requires_grad:  # frozen parameters get no gradient (smdebug issue #184)
-                param.register_hook(self._gradient_hook(f"{GRADIENT_PREFIX}{root}_{pname}"))
         self._root_names[id(module)] = root
+        self._install_tensor_hooks(module)
+
+    def _install_tensor_hooks(self, module: torch.nn.Module) -> None:
+        """Forward hooks on submodules and gradient hooks on parameters. Before the first step
+        all are installed; once collections are prepared, only those whose tensors some saved
+        collection can match stay (a hook that fires every step costs even when it saves nothing)."""
+        root = self._root_names[id(module)]
+        for sub in module.modules():
+            if self._prepared and not self._may_save_io(sub._mltrace_name):  # type: ignore[attr-defined]
+                continue
+            self._handles.append(sub.register_forward_hook(self._forward_hook))
+        for pname, param in module.named_parameters():
+            name = f"{GRADIENT_PREFIX}{root}_{pname}"
+            # frozen parameters get no gradient (smdebug issue #184)
+            if param.requires_grad and (not self._prepared or self._may_save(name)):
+                self._handles.append(param.register_hook(self._gradient_hook(name)))
+
+    def _may_save(self, name: str) -> bool:
+        return name in self._nan_watch or any(c.matches(name) for c in self._collections_to_save)
+
+    def _may_save_io(self, module_name: str) -> bool:
+        return any(self._may_save(f"{module_name}{suffix}{i}") for suffix in ("_input_", "_output_")
+                   for i in range(4))
+
+    def _reinstall_tensor_hooks(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for module in self._modules:
+            self._install_tensor_hooks(module)
 
     register_hook = register_module  # Tornasole's name
 
@@ -204,6 +240,7 @@ class Hook(BaseHook):
     def _prepare_collections(self) -> None:
         self._resolve_module_collections()
         super()._prepare_collections()
+        self._reinstall_tensor_hooks()
 
     @guarded()
     def _forward_pre_hook(self, module: torch.nn.Module, inputs: Any) -> None:
@@ -316,6 +353,18 @@ def _torch_reduction(t: torch.Tensor, name: str, abs_: bool) -> torch.Tensor:
     if name == "zero_fraction":
         return (t == 0).sum().double() / t.numel()
     raise MltraceValueError(f"unknown reduction {name!r}")
+
+
+def _horovod() -> Any:
+    """``horovod.torch`` if the job imported and initialized it, else None. Never imported here:
+    a job that uses Horovod has imported it to call ``hvd.init()``, and importing it loads MPI."""
+    import sys
+
+    hvd = sys.modules.get("horovod.torch")
+    try:
+        return hvd if hvd is not None and hvd.is_initialized() else None
+    except Exception:  # noqa: BLE001 - an unusable Horovod means a single worker
+        return None
 
 
 def _flatten_tensors(value: Any) -> list[torch.Tensor]:

@@ -9,6 +9,7 @@ their framework's ops on the device; readers use these to compute from raw tenso
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -81,6 +82,7 @@ def reduction_tensor_name(tensor_name: str, name: str, abs: bool) -> str:
     return f"{REDUCTIONS_PREFIX}{'abs_' if abs else ''}{canonical_name(name)}/{tensor_name}"
 
 
+@functools.lru_cache(maxsize=1 << 16)  # the same names come back in every index file of a trial
 def parse_reduction_tensor_name(stored: str) -> tuple[str, str, bool] | None:
     """Split a stored reduction name into (base tensor name, reduction, abs); None if not one."""
     if not stored.startswith(REDUCTIONS_PREFIX):

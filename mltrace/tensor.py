@@ -40,6 +40,14 @@ class Tensor:
             steps = {s for s in steps if self.trial._is_complete(s)}
         return self.trial._index.steps_of(steps, mode)
 
+    def value_steps(self, mode: ModeKeys | str = ModeKeys.GLOBAL, worker: str | None = None) -> list[int]:
+        """Steps of ``mode`` where the raw value (not only reductions or the shape) was saved, by
+        ``worker`` when given; reads the index only."""
+        mode = mode_from(mode)
+        values = self.trial._entries(self.name).values
+        return [s for s in self.steps(mode)
+                if (g := self.trial._index.to_global(s, mode)) in values and (worker is None or worker in values[g])]
+
     def prev_steps(self, step: int, n: int | None = None, mode: ModeKeys | str = ModeKeys.GLOBAL) -> list[int]:
         """The last ``n`` steps (all if None) at or before ``step``."""
         earlier = [s for s in self.steps(mode) if s <= step]

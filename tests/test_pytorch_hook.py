@@ -260,8 +260,8 @@ def test_dry_run_writes_nothing(tmp_path):
 
 
 def test_invalid_configuration_is_rejected_clearly(tmp_path):
-    with pytest.raises(MltraceValueError, match="export_tensorboard"):
-        smd.Hook(out_dir=str(tmp_path / "x"), export_tensorboard=True)
+    with pytest.raises(MltraceValueError, match="no storage backend"):
+        smd.Hook(out_dir=str(tmp_path / "x"), tensorboard_dir="nosuchscheme://bucket/tb")
     with pytest.raises(MltraceValueError, match="include_workers"):
         smd.Hook(out_dir=str(tmp_path / "x"), include_workers="some")
     with pytest.raises(MltraceValueError, match="save_interval"):

@@ -1,0 +1,267 @@
+"""TensorBoard export of a hook: scalar and histogram summaries, one appended events file per mode.
+
+Layout (``tensorboard_dir`` defaults to ``<out_dir>/tensorboard``)::
+
+    <tensorboard_dir>/<MODE>/events.out.tfevents.<%010d time>.<host>.<pid>.<n>            chief
+    <tensorboard_dir>/<MODE>/<worker>/events.out.tfevents....                              other workers
+
+Each mode is a TensorBoard run; Event.step is the global step (as smdebug's export), so TRAIN and
+EVAL line up on one axis. Unlike smdebug (one small file per step and mode, no file_version
+record), a file is opened once per mode and process and appended, as torch's SummaryWriter does:
+TensorBoard's Python loader only follows the newest file of a run, and per-step files made it
+crawl. Records carry the real masked CRC32C. Everything after ``add_*`` happens on one
+background thread: histogram binning, encoding, and the disk writes, flushed every
+``flush_secs`` and at close. The queue is bounded, so a training loop that outruns the disk
+waits instead of losing summaries.
+
+Histograms are binned like torch's ``SummaryWriter.add_histogram(bins="tensorflow")`` (TF's
+exponential buckets, +-1e-12 growing by 1.1 up to 1e20, plus 0; empty outer buckets trimmed;
+values beyond +-1e20 fall outside, as there), so the bytes equal torch's for the same values.
+NaN and Inf are left out of a histogram (torch would write NaN min/max, which TensorBoard cannot
+draw); a tensor with no finite value gets none, and neither do bool, complex and empty tensors.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import queue
+import re
+import socket
+import threading
+import time
+
+import numpy as np
+
+from mltrace.format import paths
+from mltrace.format.events import (
+    encode_file_version_event,
+    encode_histogram,
+    encode_histogram_event,
+    encode_scalar_event,
+)
+from mltrace.format.records import frame_record
+from mltrace.modes import ModeKeys
+from mltrace.storage import open_storage
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between background flushes (torch's SummaryWriter waits 120 s; TensorBoard reloads every 5).
+DEFAULT_FLUSH_SECS = 5.0
+#: Storage without appends (object stores) gets one new file per flush, so flush less often there.
+REMOTE_FLUSH_SECS = 60.0
+#: A mode's buffer is written out early once it holds this many bytes.
+MAX_BUFFER_BYTES = 4 << 20
+_STOP = object()
+_FLUSH = object()
+_file_counter = itertools.count()
+_TAG_CHARS = re.compile(r"[^-/\w.]")
+
+
+def _exponential_bins() -> np.ndarray:
+    """TF's default histogram bucket edges, built the way torch's SummaryWriter builds them."""
+    v = 1e-12
+    buckets: list[float] = []
+    while v < 1e20:
+        buckets.append(v)
+        v *= 1.1
+    return np.array([-b for b in reversed(buckets)] + [0.0] + buckets)
+
+
+DEFAULT_BINS = _exponential_bins()
+
+
+def clean_tag(name: str) -> str:
+    """A summary tag from a tensor name, as smdebug (and TF) make them: characters outside
+    ``[-/\\w.]`` become ``_`` and leading ``/`` go."""
+    return _TAG_CHARS.sub("_", name).lstrip("/")
+
+
+def histogram_fields(values: np.ndarray, bins: np.ndarray = DEFAULT_BINS) -> bytes | None:
+    """The encoded HistogramProto of ``values`` (its finite ones), or None if there are none.
+
+    The binning follows torch's ``make_histogram`` step by step (numpy histogram on float64,
+    empty buckets trimmed but one kept on the left, as TensorBoard shows only right edges).
+    """
+    if values.dtype.kind not in "iuf" or values.size == 0:
+        return None
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    if v.dtype.kind == "f":
+        finite = np.isfinite(v)
+        if not finite.all():
+            v = v[finite]
+        if v.size == 0:
+            return None
+    counts, limits = np.histogram(v, bins=bins)
+    nonzero = np.cumsum(np.greater(counts, 0))
+    if nonzero[-1] == 0:  # every value beyond +-1e20
+        return None
+    start, end = np.searchsorted(nonzero, [0, nonzero[-1] - 1], side="right")
+    start, end = int(start), int(end) + 1
+    counts = counts[start - 1:end] if start > 0 else np.concatenate([[0], counts[:end]])
+    limits = limits[start:end + 1]
+    return encode_histogram(v.min(), v.max(), len(v), v.sum(), v.dot(v), limits, counts)
+
+
+class TensorBoardWriter:
+    """Writes one process's TensorBoard summaries under ``location``, one file per mode.
+
+    Args:
+        location: the TensorBoard folder (local path or a URI of an installed storage backend).
+        worker: None for the chief worker, else the worker name (its runs go one level deeper).
+        flush_secs: seconds between background flushes (default 5 locally, 60 on object stores).
+        max_pending: summaries queued for the background thread before ``add_*`` waits.
+    """
+
+    def __init__(self, location: str, worker: str | None = None, flush_secs: float | None = None,
+                 max_pending: int = 1024) -> None:
+        self.location = location
+        self.storage = open_storage(location)
+        self.worker = paths.check_worker_name(worker) if worker else None
+        self._local = self.storage.local_path("x") is not None
+        self.flush_secs = flush_secs if flush_secs is not None else (
+            DEFAULT_FLUSH_SECS if self._local else REMOTE_FLUSH_SECS)
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=max_pending)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._buffers: dict[ModeKeys, bytearray] = {}
+        self._files: dict[ModeKeys, str] = {}
+        self._closed = False
+        self.errors: list[str] = []
+        self.events_written = 0
+
+    # -- training thread ------------------------------------------------------------------------
+    def add_scalar(self, mode: ModeKeys, step: int, tag: str, value: float, wall_time: float | None = None) -> None:
+        """Queue a scalar summary (written as a float32 ``simple_value``)."""
+        self._put(("s", mode, step, clean_tag(tag), float(value), time.time() if wall_time is None else wall_time))
+
+    def add_histogram(self, mode: ModeKeys, step: int, tag: str, values: np.ndarray,
+                      wall_time: float | None = None) -> None:
+        """Queue a histogram of ``values``; a copy is taken here (the caller's buffer may be a
+        framework tensor's memory that the optimizer overwrites) and binned in the background."""
+        if values.dtype.kind not in "iuf" or values.size == 0:
+            return
+        self._put(("h", mode, step, clean_tag(tag), np.array(values, copy=True),
+                   time.time() if wall_time is None else wall_time))
+
+    def _put(self, item: object) -> None:
+        if self._closed:
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="mltrace-tensorboard", daemon=True)
+            self._thread.start()
+        self._queue.put(item)
+
+    def flush(self) -> None:
+        """Write everything queued so far to disk (waits for the background thread)."""
+        if self._thread is not None and self._thread.is_alive():
+            done = threading.Event()
+            self._queue.put((_FLUSH, done))
+            done.wait()
+
+    def close(self) -> None:
+        """Flush and stop the background thread; later ``add_*`` calls are ignored."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._thread is not None and self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join()
+        self._thread = None
+        if len(self.errors) > 1:
+            logger.error("%d TensorBoard writes to %s failed; first: %s", len(self.errors), self.location, self.errors[0])
+
+    # -- background thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        next_flush = time.monotonic() + self.flush_secs
+        while True:
+            try:
+                item = self._queue.get(timeout=max(0.01, next_flush - time.monotonic()))
+            except queue.Empty:
+                item = None
+            if item is _STOP:
+                self._write_out()
+                return
+            if isinstance(item, tuple) and item[0] is _FLUSH:
+                self._write_out()
+                item[1].set()
+            elif item is not None:
+                self._encode(item)
+            if time.monotonic() >= next_flush:
+                self._write_out()
+                next_flush = time.monotonic() + self.flush_secs
+
+    def _encode(self, item: tuple) -> None:
+        kind, mode, step, tag, value, wall_time = item
+        try:
+            if kind == "s":
+                payload = encode_scalar_event(tag, value, step, wall_time)
+            else:
+                histo = histogram_fields(value)
+                if histo is None:
+                    return
+                payload = encode_histogram_event(tag, histo, step, wall_time)
+        except Exception as exc:  # one odd value must not stop the export
+            self._error(f"could not encode summary {tag!r} at step {step}: {type(exc).__name__}: {exc}")
+            return
+        buffer = self._buffers.get(mode)
+        if buffer is None:
+            buffer = self._buffers[mode] = bytearray()
+        buffer += frame_record(payload, real_crc=True)
+        self.events_written += 1
+        if len(buffer) >= MAX_BUFFER_BYTES:
+            self._write_mode(mode)
+
+    def _write_out(self) -> None:
+        for mode in list(self._buffers):
+            self._write_mode(mode)
+
+    def _new_file_key(self, mode: ModeKeys) -> str:
+        name = "events.out.tfevents.%010d.%s.%s.%s" % (
+            time.time(), socket.gethostname(), os.getpid(), next(_file_counter))
+        folder = mode.name if self.worker is None else f"{mode.name}/{self.worker}"
+        return f"{folder}/{name}"
+
+    def _write_mode(self, mode: ModeKeys) -> None:
+        buffer = self._buffers.get(mode)
+        if not buffer:
+            return
+        header = frame_record(encode_file_version_event(time.time()), real_crc=True)
+        try:
+            if self._local:
+                key = self._files.get(mode)
+                if key is None:
+                    key = self._files[mode] = self._new_file_key(mode)
+                    data = header + buffer
+                else:
+                    data = bytes(buffer)
+                path = self.storage.local_path(key)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "ab") as f:
+                    f.write(data)
+            else:
+                # No appends on object stores: each flush is a new, complete file that sorts after
+                # the previous one, which is what TensorBoard's loader expects of a growing run.
+                self.storage.write(self._new_file_key(mode), header + buffer)
+        except Exception as exc:
+            self._error(f"could not write TensorBoard summaries to {self.location}: {type(exc).__name__}: {exc}")
+        buffer.clear()
+
+    def _error(self, message: str) -> None:
+        if not self.errors:
+            logger.error("%s (further errors are counted and reported at close)", message)
+        self.errors.append(message)
+
+
+def resolve_tensorboard_dir(out_dir: str, export_tensorboard: bool, tensorboard_dir: str | None) -> str | None:
+    """Where a hook exports TensorBoard summaries (smdebug's rule: an explicit ``tensorboard_dir``
+    wins, else ``<out_dir>/tensorboard`` when ``export_tensorboard``), or None for no export."""
+    if tensorboard_dir:
+        return str(tensorboard_dir)
+    if export_tensorboard:
+        return out_dir.rstrip("/") + "/" + paths.TENSORBOARD_DIR
+    return None
+
+
+__all__ = ["TensorBoardWriter", "clean_tag", "histogram_fields", "resolve_tensorboard_dir", "DEFAULT_BINS"]

@@ -1,0 +1,160 @@
+"""``mltrace tensorboard DIR_OR_S3``: find the trials, then start TensorBoard with everything set.
+
+TensorBoard's loader must never walk into a trial's ``events/`` (it would make one run per step
+and reject smdebug's fixed CRC), so ``--logdir`` gets the trials' ``tensorboard/`` exports only:
+
+* one local trial: ``--logdir <trial>/tensorboard``;
+* several local trials: a temporary folder of links ``<name> -> <trial>/tensorboard`` (both of
+  TensorBoard's loaders follow links, so ``--load_fast`` stays available), removed at exit;
+* remote (s3://): ``--logdir`` (one trial) or ``--logdir_spec name:uri,...``, the Python loader
+  (the only one that reads S3), ``S3_ENDPOINT`` from ``AWS_ENDPOINT_URL`` for S3-compatible
+  servers, and TensorBoard's own TensorFlow stub, whose S3 file system uses boto3 (TensorFlow's
+  gfile dropped S3 support).
+
+The plugin gets ``--mltrace_logdir DIR_OR_S3`` and reads the trials themselves. Scalars are kept
+whole up to 100,000 steps (``--samples_per_plugin scalars=100000``; a 0, TensorBoard's "all",
+makes 2.21's scalars dashboard draw nothing); histograms keep TensorBoard's sampling (a point
+costs ~700 bytes per tensor) unless you pass your own ``--samples_per_plugin``, e.g.
+``scalars=100000,histograms=20000``. The mltrace tab itself always reads every step from the trial.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+from mltrace.exceptions import MltraceValueError
+from mltrace.format import paths
+from tb_plugin import discovery, metadata
+
+#: Keep up to 100k steps of every scalar series. Not 0 ("all"): TensorBoard 2.21's scalars
+#: dashboard then asks its data provider for 0 points and draws nothing.
+DEFAULT_SAMPLES = "scalars=100000"
+
+
+@dataclass
+class Launch:
+    """What ``mltrace tensorboard`` runs: TensorBoard's arguments, extra environment, the trials."""
+
+    argv: list[str]
+    env: dict[str, str]
+    trials: list[tuple[str, str]]
+    stub_tensorflow: bool = False
+    cleanup: list[str] = field(default_factory=list)
+
+
+def _has_export(location: str) -> bool:
+    if discovery.is_remote(location):
+        return True  # listing an object store for a folder costs as much as letting TensorBoard look
+    return os.path.isdir(os.path.join(location, paths.TENSORBOARD_DIR))
+
+
+def build_launch(target: str, extra: list[str] | None = None, environ: dict[str, str] | None = None) -> Launch:
+    """Find the trials under ``target`` and build TensorBoard's command line.
+
+    Raises:
+        MltraceValueError: no trial under ``target``.
+    """
+    extra = list(extra or [])
+    environ = dict(os.environ if environ is None else environ)
+    trials = discovery.find_trials(target)
+    if not trials:
+        raise MltraceValueError(
+            f"no mltrace trial under {target!r} (a trial holds collections/000000000/*_collections.json): "
+            "pass a hook's out_dir or a folder of them")
+    remote = discovery.is_remote(target)
+    names = [_run_name(rel, loc) for rel, loc in trials]
+    exports = [(n, f"{loc.rstrip('/')}/{paths.TENSORBOARD_DIR}") for n, (_, loc) in zip(names, trials)
+               if _has_export(loc)]
+    launch = Launch(argv=[], env={}, trials=trials, stub_tensorflow=remote)
+    if remote:
+        if len(exports) == 1:
+            logdir_args = ["--logdir", exports[0][1]]
+        elif exports:
+            logdir_args = ["--logdir_spec", ",".join(f"{_spec_name(n)}:{uri}" for n, uri in exports)]
+        else:
+            logdir_args = ["--logdir", _empty_dir(launch)]
+        logdir_args.append("--load_fast=false")
+        endpoint = environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL")
+        if endpoint and not environ.get("S3_ENDPOINT"):
+            launch.env["S3_ENDPOINT"] = endpoint
+    elif len(trials) == 1:
+        logdir_args = ["--logdir", exports[0][1] if exports else _empty_dir(launch)]
+    else:
+        logdir_args = ["--logdir", _link_farm(launch, exports)]
+    if not any(a.startswith("--samples_per_plugin") for a in extra):
+        logdir_args += ["--samples_per_plugin", DEFAULT_SAMPLES]
+    launch.argv = [*logdir_args, f"--{metadata.LOGDIR_FLAG}", target, *extra]
+    return launch
+
+
+def _run_name(rel: str, location: str) -> str:
+    return rel or location.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _spec_name(name: str) -> str:
+    return re.sub(r"[^\w.-]", "_", name)
+
+
+def _empty_dir(launch: Launch) -> str:
+    folder = tempfile.mkdtemp(prefix="mltrace-tb-")
+    launch.cleanup.append(folder)
+    return folder
+
+
+def _link_farm(launch: Launch, exports: list[tuple[str, str]]) -> str:
+    """A folder of links to the exports, named like the trials (nested names keep their folders)."""
+    farm = _empty_dir(launch)
+    for name, export in exports:
+        link = os.path.join(farm, *name.split("/"))
+        os.makedirs(os.path.dirname(link), exist_ok=True)
+        os.symlink(os.path.abspath(export), link, target_is_directory=True)
+    return farm
+
+
+def run_tensorboard(argv: list[str], stub_tensorflow: bool = False) -> None:
+    """Run TensorBoard in this process (``python -m tb_plugin.launch [--stub-tensorflow] ARGS``)."""
+    if stub_tensorflow:
+        import types
+
+        # TensorBoard uses its own TensorFlow stub when this module exists (its no-TF build marker).
+        sys.modules["tensorboard.compat.notf"] = types.ModuleType("tensorboard.compat.notf")
+    from tensorboard import main as tb_main
+
+    sys.argv = ["tensorboard", *argv]
+    tb_main.run_main()
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """``mltrace tensorboard``: print what was found, then run TensorBoard until it exits."""
+    extra = list(args.tensorboard_args or [])
+    launch = build_launch(args.target, [a for a in extra if a != "--"] if "--" in extra[:1] else extra)
+    if not args.print_command:  # a printed command keeps its link folder
+        for folder in launch.cleanup:
+            atexit.register(shutil.rmtree, folder, True)
+    print(f"mltrace: {len(launch.trials)} trial(s) under {args.target}:", file=sys.stderr)
+    for rel, location in launch.trials:
+        print(f"  {rel or '.'}  ({location})", file=sys.stderr)
+    command = [sys.executable, "-m", "tb_plugin.launch", *(["--stub-tensorflow"] if launch.stub_tensorflow else []),
+               *launch.argv]
+    if args.print_command:
+        env = " ".join(f"{k}={v}" for k, v in launch.env.items())
+        print((env + " " if env else "") + " ".join(command))
+        return 0
+    try:
+        return subprocess.call(command, env={**os.environ, **launch.env})
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    _args = sys.argv[1:]
+    _stub = bool(_args) and _args[0] == "--stub-tensorflow"
+    run_tensorboard(_args[1:] if _stub else _args, stub_tensorflow=_stub)
