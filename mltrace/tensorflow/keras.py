@@ -1,0 +1,446 @@
+"""KerasHook: a Keras 3 callback for ``model.fit`` / ``evaluate`` / ``predict`` (and, with
+``wrap_tape``, GradientTape loops) that holds a TFHook (composition: the callback is a Keras
+class, the saving logic an mltrace one).
+
+Names (smdebug's TF2 Keras hook; reference/smdebug.md 5.7):
+  losses  ``loss``, ``val_loss`` (from Keras logs); GradientTape: ``loss``
+  metrics every other log key (``mae``, ``val_mae``, ...), ``batch``, and record_tensor_value names
+  weights / biases  ``<layer>/weights/<tf variable name>``
+          (``dense/weights/sequential/dense/kernel:0``;
+          Keras 3 names its tf.Variables by path), read after the step; GradientTape:
+          ``weights/<tf variable name>``, read when the gradient is taken
+  gradients  ``gradients/<tf variable name without :0>Grad``
+  optimizer_variables  the optimizer's variables by TF name
+          (``adam/sequential_dense_kernel_momentum:0``)
+  layers  ``<layer>/inputs``, ``<layer>/outputs`` (``_<i>`` when a layer takes or returns several)
+  inputs / outputs  ``inputs``, ``labels``, ``predictions`` (``_<i>`` for several)
+
+Values that exist only inside Keras' compiled step (gradients, layer and model inputs/outputs)
+reach the hook through ``tf.py_function`` calls in a second version of the step function, which
+the hook hands Keras only for the steps that save them (see mltrace.tensorflow._core): the other
+steps run the graph Keras built, XLA included. With ``steps_per_execution=N`` Keras calls
+callbacks once per N batches: one hook step then spans N batches, and in-step values are those
+of its first batch.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from mltrace.collections import CollectionKeys
+from mltrace.config import ReductionConfig
+from mltrace.exceptions import MltraceTypeError
+from mltrace.hook import guarded
+from mltrace.json_config import load_hook_config
+from mltrace.modes import ModeKeys
+from mltrace.tensorflow._core import TFHook, take_pending
+from mltrace.tensorflow._tensors import gradient_name, io_names, layer_weight_name
+from mltrace.tensorflow.collection import DEFAULT_SAVED_COLLECTIONS
+
+logger = logging.getLogger(__name__)
+_LOSS_KEYS = ("loss", "val_loss")
+_FUNCTIONS = {
+    ModeKeys.TRAIN: "train_function",
+    ModeKeys.EVAL: "test_function",
+    ModeKeys.PREDICT: "predict_function",
+}
+
+
+class _KerasCore(TFHook):
+    """TFHook plus what a Keras model needs: layer/model/optimizer capture, the callbacks' work."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._model: Any = None
+        self._weights_model: Any = None
+        self._wrapped_ids: set[Any] = set()
+        self._fit_depth = 0
+        self._versions: dict[tuple[int, ModeKeys], tuple[Any, Any]] = {}
+        self._capture_due: dict[tuple[frozenset[str], int], bool] = {}
+
+    # -- model registration -----------------------------------------------------------------
+    def register_model(self, model: Any, keras_loop: bool = False) -> bool:
+        """Attach to ``model``: capture what the saved collections need and, for fit/evaluate/
+        predict (``keras_loop``), name its layers' weights. Returns True if new captures were
+        installed (compiled functions must be traced again)."""
+        self.prepare()
+        if keras_loop and model is not self._weights_model:
+            self._weights_model = model
+            self._layer_weights = []
+            seen: set[int] = set()
+            for layer in model.layers:
+                for var in layer.weights:
+                    if id(var) not in seen:
+                        seen.add(id(var))
+                        name = layer_weight_name(layer.name, var)
+                        self._register(name, self._classify_variable(var))
+                        self._layer_weights.append((name, var))
+        self._model = model
+        installed = False
+        for layer in model._flatten_layers(include_self=False):
+            candidates = [f"{layer.name}/{k}{s}" for k in ("inputs", "outputs") for s in ("", "_0")]
+            if id(layer) not in self._wrapped_ids and any(self.wanted(n) for n in candidates):
+                self._wrap_call(layer, layer.name)
+                installed = True
+        if id(model) not in self._wrapped_ids and any(
+            self.wanted(n) for n in ("inputs", "inputs_0", "predictions", "predictions_0")
+        ):
+            self._wrap_call(model, None)
+            installed = True
+        if ("compute_metrics", id(model)) not in self._wrapped_ids and any(
+            self.wanted(n) for n in ("labels", "labels_0")
+        ):
+            self._wrap_compute_metrics(model)
+            installed = True
+        optimizer = getattr(model, "optimizer", None)
+        wants_grads = CollectionKeys.GRADIENTS in {
+            c.name for c in self._collections_to_save
+        } or any(self.wanted(gradient_name(v)) for v in model.trainable_variables)
+        if optimizer is not None and wants_grads and self.wrap_keras_optimizer(optimizer):
+            installed = True
+        if optimizer is not None:
+            self.read_optimizer_variables(optimizer)
+        return installed
+
+    def _wrap_call(self, layer: Any, name: str | None) -> None:
+        self._wrapped_ids.add(id(layer))
+        original = layer.call
+
+        @functools.wraps(original)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            outputs = original(*args, **kwargs)
+            inputs = args[0] if args else kwargs.get("inputs")
+            if name is None:
+                self.capture(io_names("inputs", inputs) + io_names("predictions", outputs))
+            else:
+                self.capture(
+                    io_names(f"{name}/inputs", inputs) + io_names(f"{name}/outputs", outputs)
+                )
+            return outputs
+
+        self.patch(layer, "call", call)
+
+    def _wrap_compute_metrics(self, model: Any) -> None:
+        self._wrapped_ids.add(("compute_metrics", id(model)))
+        original = model.compute_metrics
+
+        @functools.wraps(original)
+        def compute_metrics(x: Any, y: Any, y_pred: Any, sample_weight: Any = None) -> Any:
+            self.capture(io_names("labels", y))
+            return original(x, y, y_pred, sample_weight)
+
+        self.patch(model, "compute_metrics", compute_metrics)
+
+    def unpatch_all(self) -> None:
+        super().unpatch_all()
+        self._wrapped_ids.clear()
+        self._keras_optimizers.clear()
+        self._versions.clear()
+        self.tracing_captures = None
+        model, self._model = self._model, None
+        if model is not None:  # traced functions hold the captures: let Keras trace them again
+            for attr in _FUNCTIONS.values():
+                setattr(model, attr, None)
+
+    # -- the callbacks' work ----------------------------------------------------------------
+    @guarded()
+    def loop_begin(self, mode: ModeKeys, model: Any) -> None:
+        if mode is ModeKeys.TRAIN:
+            self._fit_depth += 1
+        if model is None:
+            return
+        if self.register_model(model, keras_loop=True):
+            self._versions.clear()  # new captures: every version must be traced again
+            for attr in _FUNCTIONS.values():
+                setattr(model, attr, None)
+        if self._has_captures and not model.run_eagerly and (id(model), mode) not in self._versions:
+            self._versions[(id(model), mode)] = self._make_versions(model, mode)
+        elif getattr(model, _FUNCTIONS[mode]) is None:  # eager: one function does both
+            getattr(model, "make_" + _FUNCTIONS[mode])(force=True)
+
+    def _make_versions(self, model: Any, mode: ModeKeys) -> tuple[Any, Any]:
+        """(plain, capturing) step functions of ``mode``: Keras traces each at its first call."""
+        attr = _FUNCTIONS[mode]
+        make = getattr(model, "make_" + attr)
+        make(force=True)
+        plain = getattr(model, attr)
+        jit = model.jit_compile
+        if jit:
+            logger.info(
+                "mltrace: steps of %s that save in-step tensors run without XLA (jit_compile), "
+                "which cannot call back into Python; the other steps keep it",
+                model.name,
+            )
+            model.jit_compile = False
+        try:
+            make(force=True)
+        finally:
+            if jit:
+                model.jit_compile = jit
+        capturing = getattr(model, attr)
+        setattr(model, attr, plain)
+        return plain, capturing
+
+    @property
+    def _has_captures(self) -> bool:
+        return bool(self._wrapped_ids) or bool(self._wrapped_optimizers)
+
+    @guarded()
+    def batch_begin(self, mode: ModeKeys) -> None:
+        if mode is not self.mode:
+            self._end_step()  # the previous step ends in its own mode
+            self.mode = mode
+        self._begin_step()
+        model = self._model
+        if model is None:
+            return
+        versions = self._versions.get((id(model), mode))
+        if versions is not None:
+            capture = self._wants_captures()
+            self.tracing_captures = capture  # read by the captures while Keras traces
+            if getattr(model, _FUNCTIONS[mode]) is not versions[capture]:
+                setattr(model, _FUNCTIONS[mode], versions[capture])
+        if self.stop_requested is not None:
+            # A rule's StopTraining action: Keras ends fit after this batch.
+            model.stop_training = True
+
+    def _wants_captures(self) -> bool:
+        """True if this step saves something only in-step captures see."""
+        if not self.step_active:
+            return False
+        if self._nan_watch or not self.captured_names:  # (known once the version is traced)
+            return True
+        key = (frozenset(c.name for c in self._due), len(self.captured_names))
+        wanted = self._capture_due.get(key)
+        if wanted is None:
+            wanted = any(
+                c in self._due for n in self.captured_names for c in self._collections_of(n)
+            )
+            self._capture_due[key] = wanted
+        return wanted
+
+    @guarded()
+    def batch_end(self, batch: int, logs: dict[str, Any] | None) -> None:
+        if not self.step_active or not logs:
+            return
+        if self.mode is ModeKeys.PREDICT:
+            if "outputs" in logs:
+                for name, value in io_names("predictions", logs["outputs"]):
+                    self._save_for_tensor(name, value)
+            return
+        for key, value in logs.items():
+            if key == "outputs" or "smdebug_" in key:
+                continue
+            self._register(
+                key, CollectionKeys.LOSSES if key in _LOSS_KEYS else CollectionKeys.METRICS
+            )
+            self._save_for_tensor(key, _log_value(value))
+        self._register("batch", CollectionKeys.METRICS)
+        self._save_for_tensor("batch", batch)
+
+    @guarded()
+    def epoch_end(self, logs: dict[str, Any] | None) -> None:
+        """Save the epoch's validation results (``val_loss``, ``val_<metric>``: Keras has them only
+        here) at the current step, the last validation step, whatever the save config says, as
+        smdebug did; a collection switched off with end_step=0 stays off. smdebug also wrote the
+        epoch's training logs there, so that an EVAL step held the training loss as ``loss``: the
+        batches' logs already hold those values, in TRAIN steps."""
+        if self.step < 0 or self.writer is None or self._step_ended or not logs:
+            return
+        for key, value in logs.items():
+            if not key.startswith("val_"):
+                continue
+            self._register(
+                key, CollectionKeys.LOSSES if key in _LOSS_KEYS else CollectionKeys.METRICS
+            )
+            colls = [
+                c
+                for c in self._collections_of(key)
+                if c.effective_save_config().get_save_config(self.mode).end_step != 0
+            ]
+            if colls:
+                self._write_tensor(key, _log_value(value), None, colls)
+
+    @guarded()
+    def loop_end(self, mode: ModeKeys) -> None:
+        if mode is ModeKeys.TRAIN:
+            self._fit_depth = max(0, self._fit_depth - 1)
+        elif mode is ModeKeys.EVAL and self._fit_depth:
+            return  # validation inside fit: the epoch's logs still go into this step
+        self.tracing_captures = None
+        self._end_step()  # fit/evaluate/predict is over: make its last step readable now
+
+
+def _log_value(value: Any) -> Any:
+    # Keras 3 hands callbacks Python floats; smdebug saved Keras' float32 logs as 0-d float32.
+    return np.asarray(value, dtype=np.float32) if isinstance(value, float) else value
+
+
+class KerasHook(tf.keras.callbacks.Callback):
+    """Saves a Keras model's tensors in smdebug's format; pass it in ``callbacks=[hook]``.
+
+    The modes are set by the callbacks (TRAIN in fit, EVAL in evaluate and validation, PREDICT
+    in predict). ``metrics``, ``losses`` and ``sm_metrics`` are always saved (as smdebug); name
+    more with ``include_collections`` (weights, biases, gradients, optimizer_variables, layers,
+    inputs, outputs, or your own).
+
+    Args: as smdebug's (out_dir, export_tensorboard, tensorboard_dir, dry_run, reduction_config,
+    save_config, include_regex, include_collections, save_all, include_workers), plus ``strict``
+    (raise mltrace's internal errors), ``saveall`` (Tornasole's spelling of save_all), ``mlflow``
+    and ``stop_check_interval`` (see mltrace.hook.BaseHook).
+
+    When a rule's StopTraining action fires, the hook sets ``model.stop_training``: Keras ends
+    fit after the current batch. In an eager GradientTape loop, entering the next wrapped tape
+    closes the trial and raises mltrace.exceptions.StopTrainingRequested.
+
+    Every method of the hook (``get_collection``, ``save_scalar``, ``save_tensor``, ``set_mode``,
+    ``close``, ...) is available on the callback.
+
+    Example:
+        >>> hook = KerasHook(out_dir="/tmp/run", include_collections=["weights", "gradients"])
+        >>> model.compile(optimizer=hook.wrap_optimizer(keras.optimizers.Adam()), loss="mse")
+        >>> model.fit(x, y, callbacks=[hook])
+    """
+
+    _default_include: tuple[str, ...] = tuple(DEFAULT_SAVED_COLLECTIONS)
+
+    def __init__(
+        self,
+        out_dir: str | None = None,
+        export_tensorboard: bool = False,
+        tensorboard_dir: str | None = None,
+        dry_run: bool = False,
+        reduction_config: ReductionConfig | None = None,
+        save_config: Any = None,
+        include_regex: str | Iterable[str] | None = None,
+        include_collections: Iterable[str] | None = None,
+        save_all: bool = False,
+        include_workers: str = "one",
+        strict: bool = False,
+        saveall: bool | None = None,
+        mlflow: bool | dict[str, Any] | None = None,
+        stop_check_interval: float | None = None,
+    ) -> None:
+        super().__init__()
+        self._hook = _KerasCore(
+            self,
+            take_pending(),
+            list(self._default_include),
+            DEFAULT_SAVED_COLLECTIONS,
+            out_dir=out_dir,
+            export_tensorboard=export_tensorboard,
+            tensorboard_dir=tensorboard_dir,
+            dry_run=dry_run,
+            reduction_config=reduction_config,
+            save_config=save_config,
+            include_regex=include_regex,
+            include_collections=include_collections,
+            save_all=bool(save_all or saveall),
+            include_workers=include_workers,
+            strict=strict,
+            mlflow=mlflow,
+            stop_check_interval=stop_check_interval,
+        )
+
+    @classmethod
+    def create_from_json_file(cls, json_file_path: str | None = None) -> KerasHook:
+        """Build a hook from smdebug's JSON configuration (see mltrace.json_config)."""
+        return _from_json(cls, json_file_path)
+
+    def __getattr__(self, name: str) -> Any:
+        # The hook's API (get_collection, save_scalar, close, step, mode, out_dir, ...).
+        hook = self.__dict__.get("_hook")
+        if hook is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(hook, name)
+
+    # -- mltrace/smdebug API specific to TensorFlow -----------------------------------------
+    def wrap_optimizer(self, optimizer: Any) -> Any:
+        """Capture gradients where Keras 3 applies them; returns ``optimizer`` itself. (fit
+        wraps ``model.optimizer`` by itself when gradients are saved; custom loops need this.)"""
+        if not hasattr(optimizer, "apply"):
+            kind = type(optimizer).__name__
+            raise MltraceTypeError(
+                f"KerasHook.wrap_optimizer needs a Keras 3 optimizer, got {kind} "
+                "(tf.compat.v1.train optimizers go with SessionHook)"
+            )
+        self._hook.wrap_keras_optimizer(optimizer)
+        return optimizer
+
+    def wrap_tape(self, tape: tf.GradientTape) -> tf.GradientTape:
+        """Make a GradientTape loop save like fit does (see TFHook.wrap_tape)."""
+        return self._hook.wrap_tape(tape)
+
+    def register_model(self, model: Any) -> None:
+        """Capture a model's layers, inputs and outputs in a GradientTape loop (fit does this
+        itself)."""
+        if not isinstance(model, tf.keras.Model):
+            raise MltraceTypeError(
+                f"register_model needs a Keras model, got {type(model).__name__}"
+            )
+        self._hook.register_model(model)
+
+    # -- Keras callbacks --------------------------------------------------------------------
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._hook.loop_begin(ModeKeys.TRAIN, self.model)
+
+    def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._hook.loop_begin(ModeKeys.EVAL, self.model)
+
+    def on_predict_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._hook.loop_begin(ModeKeys.PREDICT, self.model)
+
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._hook.batch_begin(ModeKeys.TRAIN)
+
+    def on_test_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._hook.batch_begin(ModeKeys.EVAL)
+
+    def on_predict_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._hook.batch_begin(ModeKeys.PREDICT)
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._hook.batch_end(batch, logs)
+
+    def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._hook.batch_end(batch, logs)
+
+    def on_predict_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._hook.batch_end(batch, logs)
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._hook.epoch_end(logs)
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        self._hook.loop_end(ModeKeys.TRAIN)
+
+    def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
+        self._hook.loop_end(ModeKeys.EVAL)
+
+    def on_predict_end(self, logs: dict[str, Any] | None = None) -> None:
+        self._hook.loop_end(ModeKeys.PREDICT)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}  # as smdebug: a pickled hook carries nothing
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        tf.keras.callbacks.Callback.__init__(self)
+
+
+def _from_json(cls: Any, json_file_path: str | None) -> Any:
+    config = load_hook_config(json_file_path)
+    hook = cls(**config.hook_kwargs)
+    for name, settings in config.collections.items():
+        coll = hook.get_collection(name)
+        for key, value in settings.items():
+            if key == "include_regex":
+                coll.include(value)
+            else:
+                setattr(coll, key, value)
+    return hook
