@@ -49,6 +49,8 @@ DEFAULT_CREATE_TIMEOUT = 10.0
 #: How long wait_for_steps waits by default (seconds); MLTRACE_STEP_WAIT overrides.
 DEFAULT_STEP_TIMEOUT = 3600.0
 POLL_INTERVAL = 0.5
+#: Steps a live reader lets wait for a lagging worker (smdebug's INCOMPLETE_STEP_WAIT_WINDOW).
+DEFAULT_INCOMPLETE_STEP_WINDOW = 1000
 
 
 class StepState(Enum):
@@ -67,6 +69,17 @@ def _env_seconds(name: str, default: float) -> float:
         return float(raw)
     except ValueError:
         raise MltraceValueError(f"{name}={raw!r} must be a number of seconds") from None
+
+
+def _incomplete_step_window() -> int:
+    for name in ("MLTRACE_INCOMPLETE_STEP_WAIT_WINDOW", "SMDEBUG_INCOMPLETE_STEP_WAIT_WINDOW"):
+        raw = os.environ.get(name)
+        if raw:
+            try:
+                return max(2, int(raw))
+            except ValueError:
+                raise MltraceValueError(f"{name}={raw!r} must be a whole number of steps") from None
+    return DEFAULT_INCOMPLETE_STEP_WINDOW
 
 
 class Trial:
@@ -104,6 +117,8 @@ class Trial:
         self.skipped_files: list[str] = []
         self._workers: set[str] = set()
         self._last_refresh = 0.0
+        #: saved steps a live reader waits for a lagging worker before counting them complete
+        self.incomplete_step_window = _incomplete_step_window()
         #: seconds between automatic refreshes: none locally, 1 s on remote stores
         self.refresh_interval = 0.0 if self.storage.local_path(paths.END_OF_JOB_MARKER) else 1.0
         self._load_collections(_env_seconds("MLTRACE_TRIAL_WAIT", DEFAULT_CREATE_TIMEOUT) if timeout is None else timeout)
@@ -189,12 +204,26 @@ class Trial:
             return exc
 
     def _advance_complete_steps(self) -> None:
-        complete = [s for s, ws in self._index.step_workers.items()
-                    if s > self.last_complete_step and len(ws) >= self.num_workers]
-        if complete:
-            self.last_complete_step = max(complete)
-            last_worker = max(self._index.step_workers[self.last_complete_step])
-            self._token = paths.index_file_key(self.last_complete_step, last_worker)
+        """smdebug's completeness: a step is complete when every worker wrote it, and so is every
+        earlier one. A worker that stopped writing (crashed) would hold every later step back, so
+        once more than ``incomplete_step_window`` steps wait (MLTRACE_INCOMPLETE_STEP_WAIT_WINDOW,
+        or smdebug's SMDEBUG_INCOMPLETE_STEP_WAIT_WINDOW; 1000), all but the newest half of
+        them count as complete, as smdebug does (it counts in step numbers, this in saved steps)."""
+        waiting = sorted(s for s in self._index.step_workers if s > self.last_complete_step)
+        complete = [s for s in waiting if len(self._index.step_workers[s]) >= self.num_workers]
+        last = complete[-1] if complete else None
+        window = self.incomplete_step_window
+        behind = [s for s in waiting if last is None or s > last]
+        if len(behind) > window:
+            last = behind[len(behind) - window // 2 - 1]
+            lagging = sorted(self._workers - self._index.step_workers[behind[0]])
+            logger.warning("trial %s: %d steps wait for workers %s; counting steps up to %d as "
+                           "complete (incomplete-step window %d)", self.path, len(behind),
+                           lagging, last, window)
+        if last is not None:
+            self.last_complete_step = last
+            last_worker = max(self._index.step_workers[last])
+            self._token = paths.index_file_key(last, last_worker)
 
     def maybe_refresh(self, name: str | None = None, force: bool = False) -> None:
         """Refresh unless training has ended (or refresh is switched off). Remote trials look
