@@ -1,11 +1,12 @@
-"""mltrace's main demo: train a small PyTorch model with the hook, then analyse the trial.
+"""mltrace's main demo: train with the hook, run rules, log to MLflow, export TensorBoard data.
 
 ``scripts/demo.sh`` builds the environment and runs this file. It trains a small classifier on
 synthetic data (CPU, offline, a few seconds) with ``mltrace.pytorch.Hook`` in TRAIN and EVAL
 modes, saving weights, biases, gradients (with reductions) and the loss into
-``./demo-output/run-<time>/`` (or ``--out-dir``), then reads the trial back with ``create_trial``
-and prints its collections, tensors, steps, loss curve, gradient norms and a vanishing-gradient
-check.
+``./demo-output/run-<time>/`` (or ``--out-dir``), exporting TensorBoard summaries beside them and
+logging to MLflow (SQLite at ``./demo-output/mlflow.db``). Then it reads the trial back with
+``create_trial``, prints its collections, tensors, steps, loss curve and gradient norms, runs
+built-in rules (each an MLflow run nested under the training run) and says how to open both UIs.
 
 Example:
     .venv/bin/python examples/demo.py --out-dir ./demo-output/my-run
@@ -55,8 +56,9 @@ def make_data(
     return x, (x @ teacher).argmax(dim=1)
 
 
-def create_hook(out_dir: str) -> smd.Hook:
-    """smd.Hook saving weights, biases, gradients and losses; gradients also as reductions."""
+def create_hook(out_dir: str, tracking_uri: str) -> smd.Hook:
+    """smd.Hook saving weights, biases, gradients and losses; gradients also as reductions;
+    TensorBoard export and MLflow logging switched on."""
     save_config = {
         smd.modes.TRAIN: smd.SaveConfigMode(save_interval=10),
         smd.modes.EVAL: smd.SaveConfigMode(save_interval=2),
@@ -65,15 +67,19 @@ def create_hook(out_dir: str) -> smd.Hook:
         out_dir=out_dir,
         save_config=save_config,
         include_collections=["weights", "biases", "gradients", "losses"],
+        export_tensorboard=True,
+        mlflow={"tracking_uri": tracking_uri, "experiment": "mltrace-demo", "run_name": "demo-mlp"},
     )
     hook.get_collection("gradients").reduction_config = smd.ReductionConfig(
-        reductions=["mean", "std"], abs_reductions=["mean"], norms=["l2"], save_raw_tensor=True
+        reductions=["mean", "std", "nan_count", "inf_count"], abs_reductions=["mean"], norms=["l2"],
+        save_raw_tensor=True
     )
     return hook
 
 
 def train(
-    out_dir: str, epochs: int, steps_per_epoch: int, eval_steps: int, batch_size: int
+    out_dir: str, epochs: int, steps_per_epoch: int, eval_steps: int, batch_size: int,
+    tracking_uri: str,
 ) -> None:
     """Train in TRAIN mode and evaluate in EVAL mode each epoch, with the hook attached."""
     torch.manual_seed(0)
@@ -83,7 +89,7 @@ def train(
     loss_fn = nn.NLLLoss()
     optimizer = optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
-    hook = create_hook(out_dir)
+    hook = create_hook(out_dir, tracking_uri)
     hook.register_module(model)
     hook.register_loss(loss_fn)
 
@@ -176,6 +182,26 @@ def analyse(out_dir: str) -> None:
     )
 
 
+def run_rules(out_dir: str) -> None:
+    """Run built-in rules over the finished trial; each is an MLflow run under the training run."""
+    from mltrace.exceptions import NoMoreData
+    from mltrace.rules import invoke_rule
+    from mltrace.rules.builtin import rule_class
+
+    trial = create_trial(out_dir)
+    checks = [("VanishingGradient", {}), ("NaNInfDetected", {}),
+              ("LossNotDecreasing", {"num_steps": "20"}), ("Overfit", {})]
+    print("\nRules (each also an MLflow run nested under the training run):")
+    for name, params in checks:
+        rule = rule_class(name)(trial, **params)
+        try:
+            result = invoke_rule(rule)
+        except NoMoreData as exc:
+            result = exc.rule_result  # type: ignore[attr-defined]
+        found = f"fired at steps {result.fired_steps[:5]}: {result.message}" if result.fired_steps else ""
+        print(f"  {name:<20} {result.status:<14} {result.evaluated_steps} steps evaluated {found}")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -201,25 +227,37 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if not any(os.environ.get(v) for v in LOG_LEVEL_VARIABLES):  # the user's choice wins
         logging.getLogger("mltrace").setLevel(logging.WARNING)  # keep the library's INFO lines out
+    for noisy in ("mlflow", "alembic"):  # MLflow's database set-up chatter on first use
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     out_dir = os.path.abspath(args.out_dir)
+    db = os.path.join(os.path.dirname(out_dir), "mlflow.db")
+    tracking_uri = f"sqlite:///{db}"
+    os.environ.setdefault("MLFLOW_TRACKING_URI", tracking_uri)  # rule runs log there too
     started = time.perf_counter()
     print(f"Training a small MLP with mltrace.pytorch.Hook -> {out_dir}")
     try:
-        train(out_dir, args.epochs, args.steps_per_epoch, args.eval_steps, args.batch_size)
+        train(out_dir, args.epochs, args.steps_per_epoch, args.eval_steps, args.batch_size,
+              os.environ["MLFLOW_TRACKING_URI"])
     except MltraceError as exc:  # e.g. out_dir holds a finished run
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"Training done in {time.perf_counter() - started:.1f}s. Analysing the trial:")
     analyse(out_dir)
+    run_rules(out_dir)
     print(f"""
-Next steps:
-  - open the trial yourself:
+Open the results:
+  - TensorBoard (scalars, histograms, and the mltrace tab with tensors, collections, rules):
+      .venv/bin/mltrace tensorboard {out_dir} --port 6006      then browse http://127.0.0.1:6006
+  - MLflow UI (the training run, its rule runs nested under it, tags with findings, artifacts):
+      .venv/bin/mlflow ui --backend-store-uri {os.environ["MLFLOW_TRACKING_URI"]} --port 5000
+      then browse http://127.0.0.1:5000 (experiment "mltrace-demo")
+  - the trial in Python:
       from mltrace.trials import create_trial
       trial = create_trial({out_dir!r})
       trial.tensor("gradient/MLP_fc1.weight").reduction_value(0, "mean", mode="train", abs=True)
-  - the Tornasole demo: python examples/pytorch/pytorch_hook_demos.py --rule_type vanishing_grad
-  - rules (python -m mltrace.rules.rule_invoker), the TensorBoard view and the MLflow view are
-    coming with later issues.""")
+  - a rule from the command line:
+      .venv/bin/python -m mltrace.rules.rule_invoker --trial-dir {out_dir} --rule-name VanishingGradient
+  - the Tornasole demo: .venv/bin/python examples/pytorch/pytorch_hook_demos.py --rule_type vanishing_grad""")
     return 0
 
 

@@ -205,10 +205,14 @@ def test_main_demo(runs: dict[str, Run]) -> None:
         "Vanishing-gradient check",
         "no vanishing gradient",
         "create_trial(",
-        "coming with later issues",
+        "Rules (each also an MLflow run",
+        "VanishingGradient    NoIssuesFound",
+        "Open the results:",
+        "mltrace tensorboard",
+        "mlflow ui --backend-store-uri sqlite:///",
     ):
         assert line in stdout, f"{line!r} missing from the demo's output:\n{stdout}"
-    assert "INFO" not in run.stderr  # the library's INFO lines stay quiet
+    assert not [line for line in run.stderr.splitlines() if "INFO" in line and "mltrace" in line]
     trial = create_trial(str(run.out_dir))
     assert trial.steps(mode="train") and trial.steps(mode="eval")
     assert {"weights", "biases", "gradients", "losses"} <= set(trial.collections())
@@ -223,3 +227,13 @@ def test_main_demo(runs: dict[str, Run]) -> None:
     assert ("std", False) in stored and ("mean", False) in stored
     eval_step = trial.steps(mode="eval")[0]
     assert np.isfinite(trial.tensor("NLLLoss_output_0").value(eval_step, mode="eval"))
+    # TensorBoard export beside the trial, and the MLflow store with the training and rule runs
+    assert (run.out_dir / "tensorboard" / "TRAIN").is_dir()
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{run.out_dir.parent / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("mltrace-demo").experiment_id])
+    training = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    rules = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == training[0].info.run_id]
+    assert len(training) == 1 and len(rules) == 4
+    assert "NLLLoss_output_0" in training[0].data.metrics
