@@ -1,1 +1,34 @@
-"""MLflow side of mltrace (the rules and MLflow issue fills this package)."""
+"""MLflow side of mltrace: a hook's MLflow sink (``Hook(..., mlflow=True)``), rule executions as
+MLflow runs, the run-context provider, comparison of runs across experiments, and the plots of
+seed 002. mltrace's core never imports this package; names are loaded on first use, so that
+``import mlflow_plugin`` imports neither MLflow nor matplotlib.
+
+    sink.py      MlflowSink: batched metrics off the training thread, params, tags, artifacts
+    rules.py     MlflowRuleListener (entry point mltrace.rule_listeners)
+    context.py   MltraceRunContextProvider (entry point mlflow.run_context_provider)
+    compare.py   compare_runs / `mltrace compare`
+    plots.py     plot_distributions, compare_trials, create_interactive_matplotlib_histogram
+    summary.py   trial_summary, summary_html (the run's summary artifact)
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_NAMES = {
+    "compare_runs": "compare", "Comparison": "compare",
+    "plot_distributions": "plots", "compare_trials": "plots",
+    "create_interactive_matplotlib_histogram": "plots", "tensor_values": "plots",
+    "trial_summary": "summary", "summary_html": "summary",
+    "MlflowSink": "sink", "create_sink": "sink",
+    "MlflowRuleListener": "rules", "MltraceRunContextProvider": "context",
+}
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name: str) -> Any:
+    module = _NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mlflow_plugin' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"mlflow_plugin.{module}"), name)

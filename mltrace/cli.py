@@ -2,6 +2,7 @@
 
     mltrace info TRIAL_DIR      collections, tensors and steps of a trial
     mltrace compare [EXPERIMENT ...] [--filter F] [--tensor T] [--stat S]   MLflow runs side by side
+    mltrace tensorboard DIR_OR_S3 [TENSORBOARD_ARGS]   TensorBoard with the mltrace tab on the trials
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ def _upload_spill(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tensorboard(args: argparse.Namespace) -> int:
+    from tb_plugin.launch import run_cli  # TensorBoard only for this subcommand
+
+    return run_cli(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``mltrace`` command."""
     parser = argparse.ArgumentParser(prog="mltrace", description="Inspect and analyse mltrace/smdebug trials.")
@@ -78,6 +85,17 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--log-experiment", default="mltrace-comparisons",
                          help="experiment of the run the result is logged to (default mltrace-comparisons)")
     compare.set_defaults(run=_compare)
+    tensorboard = sub.add_parser(
+        "tensorboard", help="start TensorBoard with the mltrace tab on the trials under DIR_OR_S3",
+        description="Find mltrace trials under DIR_OR_S3 (a hook's out_dir, a folder of them, or s3://...) and "
+                    "start TensorBoard on their tensorboard/ exports, with the mltrace tab reading the trials. "
+                    "Arguments after DIR_OR_S3 go to TensorBoard, e.g. --port 6007 --samples_per_plugin histograms=0.")
+    tensorboard.add_argument("target", metavar="DIR_OR_S3", help="a trial (hook out_dir) or a folder of trials")
+    tensorboard.add_argument("--print-command", action="store_true",
+                             help="print the TensorBoard command and exit (put it before DIR_OR_S3)")
+    tensorboard.add_argument("tensorboard_args", nargs=argparse.REMAINDER,
+                             help="arguments after DIR_OR_S3 go to TensorBoard (e.g. --port 6007)")
+    tensorboard.set_defaults(run=_tensorboard)
     return parser
 
 

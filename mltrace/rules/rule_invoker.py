@@ -240,6 +240,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds to wait for the trial's first files (live training)")
     p.add_argument("--logging-level", default=None)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--mlflow-parent-run-id", default=None,
+                   help="MLflow run whose child the rule run is (default: the trial's run file; "
+                        "same as env MLTRACE_MLFLOW_PARENT_RUN_ID)")
     return p
 
 
@@ -319,6 +322,8 @@ def _run_spec(args: argparse.Namespace, progress: bool) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit code (0 no issue, 1 condition met, 2 error)."""
     args, extra = _parser().parse_known_args(argv)
+    if args.mlflow_parent_run_id:  # read by the MLflow rule listener (mlflow_plugin.rules)
+        os.environ["MLTRACE_MLFLOW_PARENT_RUN_ID"] = args.mlflow_parent_run_id
     if args.logging_level:
         logging.getLogger("mltrace").setLevel(args.logging_level.upper())
     if not logging.getLogger().handlers and not logging.getLogger("mltrace").handlers:

@@ -1,0 +1,329 @@
+"""Compare training runs across MLflow experiments by their trials: chosen tensor statistics per
+step, and what the rules found. API ``compare_runs`` and the command ``mltrace compare``.
+
+Runs are the training runs (tag ``mltrace.trial``; rule and comparison runs are left out) of the
+named experiments, or of all experiments, narrowed by an MLflow filter string, or given by id.
+For each run the trial named by its ``mltrace.trial`` tag is opened and, for each chosen tensor
+(names or regexes; default: the ``losses`` collection) and statistic (a reduction name: mean,
+std, l2, abs_max, ...), the statistic is read at each saved step (a stored reduction when the
+hook saved one, else computed from the saved value). Rule findings come from the run's
+``mltrace.rule.<Rule>.*`` tags and from the rule results in the trial.
+
+Output (``out_dir``): ``comparison.csv`` (the table), ``comparison.json`` (table, series,
+findings), ``comparison.png`` (one panel per tensor and statistic, one line per run, dotted
+lines where a rule first fired). With ``log_to_mlflow`` the three files are also logged as
+artifacts (``comparison/``) of a run in experiment ``mltrace-comparisons`` (or ``log_experiment``).
+
+Example:
+    >>> from mlflow_plugin.compare import compare_runs
+    >>> result = compare_runs(["baseline", "lr-sweep"], tensors=["gradient/.*conv1"], stats=["l2"])
+    >>> print(result.to_text()); result.plot_path
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mltrace.exceptions import MltraceError, MltraceValueError
+from mlflow_plugin import _keys, _tracking
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LOG_EXPERIMENT = "mltrace-comparisons"
+
+
+@dataclass
+class Comparison:
+    """What compare_runs found and wrote."""
+
+    rows: list[dict[str, Any]]
+    series: dict[str, dict[str, tuple[list[int], list[float]]]]
+    findings: dict[str, dict[str, dict[str, Any]]]
+    out_dir: str
+    plot_path: str | None = None
+    table_path: str | None = None
+    json_path: str | None = None
+    mlflow_run_id: str | None = None
+    columns: list[str] = field(default_factory=list)
+
+    def to_dataframe(self) -> Any:
+        """The table as a pandas DataFrame."""
+        import pandas as pd
+
+        return pd.DataFrame(self.rows, columns=self.columns or None)
+
+    def to_text(self) -> str:
+        """The table as aligned text."""
+        cols = self.columns or sorted({k for r in self.rows for k in r})
+        cells = [[_cell(r.get(c)) for c in cols] for r in self.rows]
+        widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
+        lines.append("  ".join("-" * w for w in widths))
+        lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+        return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.5g}"
+    return str(value)
+
+
+def _find_runs(client: Any, experiments: list[str] | None, filter_string: str, run_ids: list[str] | None,
+               max_runs: int) -> tuple[list[Any], dict[str, str]]:
+    names: dict[str, str] = {}
+    if run_ids:
+        runs = [client.get_run(r) for r in run_ids]
+    else:
+        if experiments:
+            ids = []
+            for name in experiments:
+                exp = client.get_experiment_by_name(name)
+                if exp is None:
+                    known = sorted(e.name for e in client.search_experiments())
+                    raise MltraceValueError(f"no MLflow experiment named {name!r} at {client.tracking_uri}; "
+                                            f"experiments there: {known}")
+                ids.append(exp.experiment_id)
+        else:
+            ids = [e.experiment_id for e in client.search_experiments()]
+        clause = f"tags.`{_keys.TAG_TRIAL}` IS NOT NULL"
+        full = f"{filter_string} AND {clause}" if filter_string.strip() else clause
+        try:
+            runs = list(client.search_runs(ids, full, max_results=max_runs * 4,
+                                           order_by=["attributes.start_time ASC"]))
+        except Exception as exc:
+            raise MltraceValueError(
+                f"MLflow could not search runs with filter {filter_string!r}: {exc}") from None
+    runs = [r for r in runs if r.data.tags.get(_keys.TAG_RUN_TYPE, "training") == "training"][:max_runs]
+    for r in runs:
+        if r.info.experiment_id not in names:
+            names[r.info.experiment_id] = client.get_experiment(r.info.experiment_id).name
+    return runs, names
+
+
+def _match(names: list[str], patterns: list[str]) -> list[str]:
+    out: list[str] = []
+    for pattern in patterns:
+        found = [pattern] if pattern in names else [n for n in names if re.search(pattern, n)]
+        out += [n for n in found if n not in out]
+    return out
+
+
+def _stat(tensor: Any, step: int, stat: str) -> float | None:
+    name, abs_ = (stat[4:], True) if stat.startswith("abs_") else (stat, False)
+    try:
+        value = float(np.asarray(tensor.reduction_value(step, name, abs=abs_)).reshape(-1)[0])
+    except (MltraceError, ValueError):
+        return None
+    return value
+
+
+def _sample(steps: list[int], limit: int) -> list[int]:
+    if len(steps) <= limit:
+        return steps
+    idx = np.unique(np.linspace(0, len(steps) - 1, limit).round().astype(int))
+    return [steps[i] for i in idx]
+
+
+def _findings(run: Any, trial: Any) -> dict[str, dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = {}
+    prefix = _keys.RULE_TAG_PREFIX
+    for key, value in run.data.tags.items():
+        if key.startswith(prefix) and key.count(".") >= 3:
+            rule, _, fld = key[len(prefix):].rpartition(".")
+            found.setdefault(rule, {})[fld] = value
+    if trial is not None:
+        try:
+            from mltrace.rules.results import read_results
+
+            for r in read_results(trial.storage):
+                entry = found.setdefault(r.rule, {})
+                entry.setdefault("status", r.status)
+                if r.first_step is not None:
+                    entry.setdefault("first_step", str(r.first_step))
+                    entry.setdefault("message", r.message or "")
+        except Exception as exc:
+            logger.debug("rule results of %s: %s", trial.path, exc)
+    return found
+
+
+def compare_runs(experiments: list[str] | None = None, filter_string: str = "",
+                 run_ids: list[str] | None = None, tensors: list[str] | None = None,
+                 stats: list[str] | None = None, out_dir: str | None = None, max_runs: int = 20,
+                 max_steps: int = 500, tracking_uri: str | None = None, log_to_mlflow: bool = True,
+                 log_experiment: str = DEFAULT_LOG_EXPERIMENT) -> Comparison:
+    """Compare the training runs of ``experiments`` (names) matching ``filter_string`` (or the
+    runs ``run_ids``) by tensor statistics per step and rule findings (see the module docstring).
+
+    Args:
+        experiments: experiment names (default: all experiments).
+        filter_string: an MLflow search filter, e.g. ``"params.lr = '0.1'"``.
+        run_ids: compare exactly these runs instead.
+        tensors: tensor names or regexes (default: the ``losses`` collection, at most 4).
+        stats: statistics per step (default ``["mean"]``); ``abs_`` prefixes allowed.
+        out_dir: where the files go (default: a new temporary folder).
+        max_runs, max_steps: caps on runs, and on steps per series (spread evenly).
+        tracking_uri: the MLflow tracking URI (default: MLflow's).
+        log_to_mlflow: also log the files as artifacts of a comparison run.
+        log_experiment: that run's experiment.
+
+    Returns:
+        a Comparison (rows, series, findings, file paths, the comparison run id).
+
+    Raises:
+        MltraceValueError: unknown experiment, bad filter, or no run found.
+    """
+    from mlflow import MlflowClient
+
+    from mltrace.trials import create_trial
+
+    stats = list(stats or ["mean"])
+    client = MlflowClient(tracking_uri=_tracking.resolve_tracking_uri(tracking_uri))
+    runs, exp_names = _find_runs(client, experiments, filter_string, run_ids, max_runs)
+    if not runs:
+        raise MltraceValueError(
+            f"no mltrace training run (tag {_keys.TAG_TRIAL}) in experiments {experiments or 'all'}"
+            + (f" matching {filter_string!r}" if filter_string else ""))
+    out_dir = out_dir or tempfile.mkdtemp(prefix="mltrace-compare-")
+    os.makedirs(out_dir, exist_ok=True)
+
+    trials: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    for run in runs:
+        try:
+            trials[run.info.run_id] = create_trial(run.data.tags[_keys.TAG_TRIAL], timeout=2)
+        except Exception as exc:
+            errors[run.info.run_id] = f"{type(exc).__name__}: {exc}"
+            logger.warning("run %s: trial %s unreadable: %s", run.info.run_id,
+                           run.data.tags[_keys.TAG_TRIAL], exc)
+    patterns = list(tensors or [])
+    if not patterns:
+        first = next(iter(trials.values()), None)
+        if first is not None:
+            try:
+                patterns = first.tensor_names(collection="losses")[:4]
+            except MltraceError:
+                patterns = []
+            patterns = patterns or first.tensor_names()[:4]
+
+    labels: dict[str, str] = {}
+    for run in runs:
+        label = f"{exp_names.get(run.info.experiment_id, run.info.experiment_id)}/{run.info.run_name}"
+        if label in labels.values():
+            label = f"{label} ({run.info.run_id[:8]})"
+        labels[run.info.run_id] = label
+
+    series: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
+    findings: dict[str, dict[str, dict[str, Any]]] = {}
+    rows = []
+    value_columns: list[str] = []
+    for run in runs:
+        rid, label = run.info.run_id, labels[run.info.run_id]
+        trial = trials.get(rid)
+        row: dict[str, Any] = {
+            "run": label, "run_id": rid, "experiment": exp_names.get(run.info.experiment_id),
+            "status": run.info.status, "trial": run.data.tags.get(_keys.TAG_TRIAL),
+            "steps": len(trial.steps()) if trial is not None else None}
+        if trial is not None:
+            for name in _match(trial.tensor_names(), patterns):
+                tensor = trial.tensor(name)
+                steps = _sample(tensor.steps(), max_steps)
+                for stat in stats:
+                    points = [(s, v) for s in steps if (v := _stat(tensor, s, stat)) is not None]
+                    if not points:
+                        continue
+                    panel = f"{name} · {stat}"
+                    series.setdefault(panel, {})[label] = ([s for s, _ in points], [v for _, v in points])
+                    column = f"{name} {stat} (last)"
+                    row[column] = points[-1][1]
+                    if column not in value_columns:
+                        value_columns.append(column)
+        found = _findings(run, trial)
+        findings[label] = found
+        row["rules"] = "; ".join(
+            f"{rule}: {f.get('status', '?')}" + (f" @{f['first_step']}" if f.get("first_step") else "")
+            for rule, f in sorted(found.items())) or None
+        if rid in errors:
+            row["error"] = errors[rid]
+        rows.append(row)
+
+    columns = ["run", "experiment", "run_id", "status", "steps", *value_columns, "rules", "trial"]
+    if errors:
+        columns.append("error")
+    result = Comparison(rows=rows, series=series, findings=findings, out_dir=out_dir, columns=columns)
+    _write(result, runs, experiments, filter_string, patterns, stats)
+    if log_to_mlflow:
+        result.mlflow_run_id = _log(client, result, runs, experiments, filter_string, patterns, stats,
+                                    log_experiment)
+    return result
+
+
+def _write(result: Comparison, runs: list[Any], experiments: Any, filter_string: str, patterns: list[str],
+           stats: list[str]) -> None:
+    result.table_path = os.path.join(result.out_dir, "comparison.csv")
+    with open(result.table_path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=result.columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(result.rows)
+    result.json_path = os.path.join(result.out_dir, "comparison.json")
+    with open(result.json_path, "w", encoding="utf-8") as f:
+        json.dump({"experiments": experiments, "filter": filter_string, "tensors": patterns, "stats": stats,
+                   "rows": result.rows, "series": result.series, "findings": result.findings}, f, indent=1,
+                  default=str)
+    if result.series:
+        from mlflow_plugin.plots import plot_series
+
+        markers = {label: {rule: int(f["first_step"]) for rule, f in found.items()
+                           if f.get("status") == "IssuesFound"
+                           and str(f.get("first_step", "")).lstrip("-").isdigit()}
+                   for label, found in result.findings.items()}
+        result.plot_path = plot_series(result.series, os.path.join(result.out_dir, "comparison.png"), markers,
+                                       title=f"{len(runs)} runs")
+    else:
+        logger.warning("no statistic could be read for tensors %s: no plot", patterns)
+
+
+def _log(client: Any, result: Comparison, runs: list[Any], experiments: Any, filter_string: str,
+         patterns: list[str], stats: list[str], log_experiment: str) -> str:
+    exp_id = _tracking.experiment_id_for(client, log_experiment)
+    run = client.create_run(exp_id, run_name=f"compare {len(runs)} runs", tags={
+        _keys.TAG_RUN_TYPE: "comparison",
+        "mltrace.compared_runs": _keys.tag_value(",".join(r.info.run_id for r in runs)),
+    })
+    from mlflow.entities import Param
+
+    params = [Param("experiments", _keys.param_value(",".join(experiments or []) or "all")),
+              Param("filter", _keys.param_value(filter_string or "-")),
+              Param("tensors", _keys.param_value(",".join(patterns) or "-")),
+              Param("stats", _keys.param_value(",".join(stats)))]
+    client.log_batch(run.info.run_id, params=params, synchronous=True)
+    for path in (result.table_path, result.json_path, result.plot_path):
+        if path:
+            client.log_artifact(run.info.run_id, path, "comparison")
+    client.set_terminated(run.info.run_id, "FINISHED")
+    return run.info.run_id
+
+
+# -- the `mltrace compare` command (its arguments are declared in mltrace.cli) -----------------------------
+def run_cli(args: argparse.Namespace) -> int:
+    """Run ``mltrace compare``; prints the table and where the files are."""
+    result = compare_runs(args.experiments or None, args.filter, args.run_id, args.tensor, args.stat,
+                          args.out, max_runs=args.max_runs, tracking_uri=args.tracking_uri,
+                          log_to_mlflow=not args.no_log, log_experiment=args.log_experiment)
+    print(result.to_text())
+    print(f"\ntable: {result.table_path}\nplot: {result.plot_path or '-'}")
+    if result.mlflow_run_id:
+        print(f"logged as MLflow run {result.mlflow_run_id} (artifacts under comparison/)")
+    return 0

@@ -1,0 +1,310 @@
+"""Plots of seed 002's notebook, from trials: how tensor distributions move over steps (animated
+GIF), and two trials side by side (PNG, or GIF). matplotlib is imported inside each function
+(Agg canvas, no pyplot: nothing changes the user's backend); GIFs are assembled with Pillow.
+
+Example:
+    >>> from mlflow_plugin.plots import plot_distributions, compare_trials
+    >>> plot_distributions("/tmp/run", ".*gradient", "gradients.gif")
+    >>> compare_trials("/tmp/bad", "/tmp/good", ["gradient/Net_conv1.weight"], "cmp.png",
+    ...                labels=("bad init", "good init"))
+
+The notebook's helper is here too: ``create_interactive_matplotlib_histogram(tensors, filename)``
+with ``tensors = {name: {step: array}}`` (what its custom rules collect).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from mltrace.exceptions import MltraceError, MltraceValueError
+from mltrace.modes import ModeKeys, mode_from
+from mltrace.trials import Trial, create_trial
+
+_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+           "#bcbd22", "#17becf")
+
+
+def _figure(rows: int, cols: int, width: float = 4.2, height: float = 2.8) -> tuple[Any, Any, list]:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width * cols, height * rows), dpi=80)
+    canvas = FigureCanvasAgg(fig)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    return fig, canvas, [ax for row in axes for ax in row]
+
+
+def _as_trial(trial: Trial | str) -> Trial:
+    return trial if isinstance(trial, Trial) else create_trial(trial)
+
+
+def _resolve(trial: Trial, tensors: str | Sequence[str]) -> list[str]:
+    """Tensor names from names or regexes (re.search, as trial.tensor_names)."""
+    wanted = [tensors] if isinstance(tensors, str) else list(tensors)
+    names: list[str] = []
+    for item in wanted:
+        found = [item] if trial.has_tensor(item) else trial.tensor_names(regex=item)
+        names += [n for n in found if n not in names]
+    if not names:
+        raise MltraceValueError(
+            f"no tensor of trial {trial.name!r} matches {wanted}; it has {trial.tensor_names()[:20]}")
+    return names
+
+
+def _sample(steps: list[int], limit: int | None) -> list[int]:
+    if not limit or len(steps) <= limit:
+        return steps
+    idx = np.unique(np.linspace(0, len(steps) - 1, limit).round().astype(int))
+    return [steps[i] for i in idx]
+
+
+def tensor_values(trial: Trial | str, tensors: str | Sequence[str],
+                  steps: Sequence[int] | None = None, mode: ModeKeys | str = ModeKeys.GLOBAL,
+                  max_steps: int | None = 50) -> dict[str, dict[int, np.ndarray]]:
+    """``{name: {step: value}}`` from a trial (the notebook's rule output shape).
+
+    Args:
+        trial: a Trial or its path.
+        tensors: names or regexes.
+        steps: steps to read (default: the saved ones, at most ``max_steps`` spread evenly).
+        mode: mode of ``steps``.
+        max_steps: cap on steps per tensor when ``steps`` is None.
+    """
+    trial = _as_trial(trial)
+    mode = mode_from(mode)
+    out: dict[str, dict[int, np.ndarray]] = {}
+    for name in _resolve(trial, tensors):
+        tensor = trial.tensor(name)
+        chosen = list(steps) if steps is not None else _sample(tensor.steps(mode), max_steps)
+        values = {}
+        for step in chosen:
+            try:
+                values[step] = np.asarray(tensor.value(step, mode))
+            except MltraceError:
+                continue
+        if values:
+            out[name] = values
+    if not out:
+        raise MltraceValueError(f"no saved values of {tensors} in trial {trial.name!r} (only reductions?)")
+    return out
+
+
+def _finite(value: Any) -> np.ndarray:
+    flat = np.asarray(value, dtype=np.float64).reshape(-1)
+    return flat[np.isfinite(flat)]
+
+
+def _edges(series: list[Mapping[int, np.ndarray]], bins: int) -> np.ndarray:
+    vals = [_finite(v) for s in series for v in s.values()]
+    vals = [v for v in vals if v.size]
+    lo = min((float(v.min()) for v in vals), default=0.0)
+    hi = max((float(v.max()) for v in vals), default=1.0)
+    if hi <= lo:
+        lo, hi = lo - 0.5, hi + 0.5
+    return np.linspace(lo, hi, bins + 1)
+
+
+def _gif(frames: list[Any], filename: str, duration_ms: int) -> str:
+    frames[0].save(filename, save_all=True, append_images=frames[1:], duration=duration_ms, loop=0,
+                   optimize=False)
+    return filename
+
+
+def _frame(canvas: Any, draw: bool = True) -> Any:
+    from PIL import Image
+
+    if draw:
+        canvas.draw()
+    width, height = canvas.get_width_height()
+    image = Image.frombuffer("RGBA", (width, height), bytes(canvas.buffer_rgba()), "raw", "RGBA", 0, 1)
+    return image.convert("RGB").convert("P", palette=Image.Palette.ADAPTIVE, colors=64)
+
+
+def _animate(panels: dict[str, list[tuple[str, Mapping[int, np.ndarray]]]], filename: str, bins: int,
+             duration_ms: int, title: str) -> str:
+    """One GIF frame per step; one panel per title, one histogram per (label, {step: value}).
+
+    Histograms are computed with numpy on fixed edges per panel; each frame only updates the
+    heights of step patches (no re-layout), which keeps a 50-frame GIF to a few seconds.
+    """
+    steps = sorted({s for series in panels.values() for _, vals in series for s in vals})
+    if not steps:
+        raise MltraceValueError("nothing to plot: no steps")
+    cols = min(3, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig, canvas, axes = _figure(rows, cols)
+    counts: dict[tuple[str, int], dict[int, np.ndarray]] = {}
+    patches = []
+    for ax, (name, series) in zip(axes, panels.items()):
+        edges = _edges([v for _, v in series], bins)
+        top = 1
+        for i, (label, vals) in enumerate(series):
+            hist = {s: np.histogram(_finite(v), edges)[0] for s, v in vals.items()}
+            counts[(name, i)] = hist
+            top = max([top] + [int(h.max(initial=0)) for h in hist.values()])
+            patch = ax.stairs(np.zeros(bins), edges, fill=True, alpha=0.55 if len(series) > 1 else 0.9,
+                              color=_COLORS[i % len(_COLORS)], label=label or None)
+            patches.append(((name, i), patch))
+        ax.set_xlim(edges[0], edges[-1])
+        ax.set_ylim(0, top * 1.05)
+        ax.set_title(name, fontsize=9)
+        ax.tick_params(labelsize=7)
+        if len(series) > 1:
+            ax.legend(fontsize=7, loc="upper right")
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    heading = fig.suptitle(f"{title}step {steps[0]}", fontsize=10)
+    fig.tight_layout()
+    # Blitting: draw axes, ticks and labels once; per frame redraw only the patches and title.
+    for _, patch in patches:
+        patch.set_animated(True)
+    heading.set_animated(True)
+    canvas.draw()
+    background = canvas.copy_from_bbox(fig.bbox)
+    frames = []
+    zeros = np.zeros(bins)
+    for step in steps:
+        canvas.restore_region(background)
+        for key, patch in patches:
+            patch.set_data(values=counts[key].get(step, zeros))
+            fig.draw_artist(patch)
+        heading.set_text(f"{title}step {step}")
+        fig.draw_artist(heading)
+        frames.append(_frame(canvas, draw=False))
+    return _gif(frames, filename, duration_ms)
+
+
+def create_interactive_matplotlib_histogram(tensors: Mapping[str, Mapping[int, Any]],
+                                            filename: str = "histogram.gif", bins: int = 50,
+                                            duration_ms: int = 400) -> str:
+    """Seed 002's helper: an animated GIF of each tensor's histogram, one frame per step.
+
+    Args:
+        tensors: ``{tensor name: {step: value}}``.
+        filename: the GIF to write.
+        bins: histogram bins (fixed edges per tensor over all steps).
+        duration_ms: time per frame.
+
+    Returns:
+        ``filename``.
+    """
+    panels = {name: [("", {int(s): np.asarray(v) for s, v in vals.items()})]
+              for name, vals in tensors.items()}
+    return _animate(panels, filename, bins, duration_ms, "")
+
+
+def plot_distributions(trial: Trial | str, tensors: str | Sequence[str], filename: str = "distributions.gif",
+                       steps: Sequence[int] | None = None, mode: ModeKeys | str = ModeKeys.GLOBAL,
+                       bins: int = 50, max_steps: int | None = 50, duration_ms: int = 400) -> str:
+    """Animated GIF of how tensors' value distributions move over the steps of a trial.
+
+    Args:
+        trial: a Trial or its path.
+        tensors: names or regexes (e.g. ``".*gradient"``).
+        filename: the GIF to write.
+        steps, mode, max_steps: which steps (default: saved ones, at most ``max_steps``).
+        bins, duration_ms: histogram bins, time per frame.
+
+    Returns:
+        ``filename``.
+    """
+    return create_interactive_matplotlib_histogram(tensor_values(trial, tensors, steps, mode, max_steps),
+                                                   filename, bins, duration_ms)
+
+
+def compare_trials(trial_a: Trial | str, trial_b: Trial | str, tensors: str | Sequence[str],
+                   filename: str = "comparison.png", labels: Sequence[str] | None = None,
+                   steps: Sequence[int] | None = None, mode: ModeKeys | str = ModeKeys.GLOBAL,
+                   bins: int = 50, max_steps: int | None = 50, duration_ms: int = 400) -> str:
+    """Two trials side by side, tensor by tensor (seed 002's good vs bad initialisation).
+
+    A ``.gif`` filename gives the notebook's animation (both trials' histograms overlaid, one
+    frame per step). Any other gives a PNG with, per tensor, the two distributions at the last
+    step both saved, and the mean and standard deviation of each over steps.
+
+    Args:
+        trial_a, trial_b: Trials or paths.
+        tensors: names or regexes, resolved in ``trial_a``.
+        filename: ``.png`` (or other matplotlib format) or ``.gif``.
+        labels: the two legend labels (default: the trial names).
+
+    Returns:
+        ``filename``.
+    """
+    a, b = _as_trial(trial_a), _as_trial(trial_b)
+    labels = tuple(labels) if labels else (a.name, b.name)
+    if len(labels) != 2:
+        raise MltraceValueError(f"labels={labels!r}: give two labels, one per trial")
+    names = _resolve(a, tensors)
+    values_a = tensor_values(a, names, steps, mode, max_steps)
+    values_b = tensor_values(b, [n for n in names if b.has_tensor(n)] or names, steps, mode, max_steps)
+    common = [n for n in names if n in values_a and n in values_b]
+    if not common:
+        raise MltraceValueError(f"the trials share no saved tensor among {names}")
+    if filename.lower().endswith(".gif"):
+        panels = {n: [(labels[0], values_a[n]), (labels[1], values_b[n])] for n in common}
+        return _animate(panels, filename, bins, duration_ms, f"{labels[0]} vs {labels[1]}: ")
+    fig, canvas, axes = _figure(len(common), 2, width=4.8)
+    for row, name in enumerate(common):
+        hist_ax, stat_ax = axes[2 * row], axes[2 * row + 1]
+        shared = sorted(set(values_a[name]) & set(values_b[name]))
+        edges = _edges([values_a[name], values_b[name]], bins)
+        for i, (label, vals) in enumerate(((labels[0], values_a[name]), (labels[1], values_b[name]))):
+            color = _COLORS[i]
+            last = shared[-1] if shared else max(vals)
+            hist_ax.hist(_finite(vals[last]), bins=edges, alpha=0.55, color=color,
+                         label=f"{label} (step {last})")
+            xs = sorted(vals)
+            means = [float(np.mean(_finite(vals[s]))) if _finite(vals[s]).size else np.nan for s in xs]
+            stds = [float(np.std(_finite(vals[s]))) if _finite(vals[s]).size else np.nan for s in xs]
+            stat_ax.plot(xs, means, color=color, label=f"{label} mean")
+            stat_ax.fill_between(xs, np.subtract(means, stds), np.add(means, stds), color=color, alpha=0.2)
+        hist_ax.set_title(f"{name}: distribution", fontsize=9)
+        stat_ax.set_title(f"{name}: mean ± std over steps", fontsize=9)
+        stat_ax.set_xlabel("step", fontsize=8)
+        for ax in (hist_ax, stat_ax):
+            ax.tick_params(labelsize=7)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(filename)
+    return filename
+
+
+def plot_series(panels: Mapping[str, Mapping[str, tuple[Sequence[int], Sequence[float]]]], filename: str,
+                markers: Mapping[str, Mapping[str, int]] | None = None, title: str = "") -> str:
+    """Line plots, one panel per title with one line per label (``{label: (steps, values)}``);
+    ``markers`` (``{label: {text: step}}``) draws dotted vertical lines, e.g. where a rule fired.
+    Used by ``mlflow_plugin.compare``.
+
+    Returns:
+        ``filename``.
+    """
+    if not panels:
+        raise MltraceValueError("nothing to plot")
+    cols = min(2, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig, canvas, axes = _figure(rows, cols, width=5.5, height=3.2)
+    labels = sorted({label for lines in panels.values() for label in lines})
+    color = {label: _COLORS[i % len(_COLORS)] for i, label in enumerate(labels)}
+    for ax, (name, lines) in zip(axes, panels.items()):
+        for label, (xs, ys) in lines.items():
+            ax.plot(list(xs), list(ys), color=color[label], label=label, linewidth=1.3)
+            for text, step in ((markers or {}).get(label) or {}).items():
+                ax.axvline(step, color=color[label], linestyle=":", linewidth=1)
+                ax.annotate(text, (step, 1), xycoords=("data", "axes fraction"), fontsize=6,
+                            rotation=90, va="top", ha="right", color=color[label])
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=7)
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(filename)
+    return filename

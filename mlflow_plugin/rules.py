@@ -1,0 +1,212 @@
+"""Rule executions as MLflow runs (entry point group ``mltrace.rule_listeners``).
+
+Every ``invoke_rule`` (API or CLI) notifies the listener; it makes an MLflow run when tracking
+is configured: the trial has a run file (its hook logged to MLflow), a parent run id is given
+(``MLTRACE_MLFLOW_PARENT_RUN_ID``, set by the rule CLI's ``--mlflow-parent-run-id``), or a
+tracking URI is set (MLFLOW_TRACKING_URI / mlflow.set_tracking_uri). Without any of them it does
+nothing and MLflow is not even imported.
+
+The rule run:
+- is a child of the training run (tag ``mlflow.parentRunId``, in the parent's experiment and
+  tracking store) when the parent is known, else a top-level run in the active experiment,
+  tagged with the trial location;
+- has params ``rule`` and the rule's arguments; metric ``condition_met`` (1 or 0) at every
+  evaluated step; tags ``mltrace.rule_status``, ``mltrace.first_step``, ``mltrace.message``;
+  the result JSON as artifact ``mltrace/rule_result.json``; status FAILED if the rule errored.
+
+When the condition is met the training run gets the tags ``mltrace.rule.<Rule>.status``
+(``IssuesFound``), ``.first_step``, ``.message``, ``.run_id`` and ``mltrace.issues_found=true``,
+set at the first step where it holds (visible while training goes on) and updated at the end;
+a rule that finds nothing leaves ``.status`` = ``NoIssuesFound``. Find them with e.g.
+``mlflow.search_runs(filter_string="tags.`mltrace.rule.VanishingGradient.status` = 'IssuesFound'")``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from mltrace import __version__
+from mltrace.rules import results
+from mlflow_plugin import _keys, _tracking
+
+logger = logging.getLogger(__name__)
+
+METRIC_CONDITION_MET = "condition_met"
+_FLUSH_SECONDS = 5.0
+
+
+def create_listener() -> MlflowRuleListener | None:
+    """The entry point's factory: a listener, or None when MLflow is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("mlflow") is None:
+        return None
+    return MlflowRuleListener()
+
+
+@dataclass
+class _RuleRun:
+    client: Any
+    run_id: str
+    experiment_id: str
+    parent_run_id: str | None
+    metrics: list = field(default_factory=list)
+    last_flush: float = field(default_factory=time.monotonic)
+    tagged_first: bool = False
+
+
+class MlflowRuleListener:
+    """Turns rule executions into MLflow runs (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._runs: dict[str, _RuleRun] = {}
+
+    # -- listener protocol --------------------------------------------------------------------------
+    def started(self, rule: Any, result: results.RuleResult) -> None:
+        """Create the rule's MLflow run (if tracking is configured) and record its ids in ``result``."""
+        parent_id = os.environ.get(_tracking.PARENT_RUN_ENV) or None
+        run_file = _tracking.read_run_file(rule.base_trial.storage)
+        configured = _tracking.tracking_configured()
+        if not (parent_id or run_file or configured):
+            return
+        import mlflow
+        from mlflow import MlflowClient
+        from mlflow.tracking.context.registry import resolve_tags
+
+        if run_file is not None and (not parent_id or parent_id == run_file.run_id or not configured):
+            uri = run_file.tracking_uri
+            parent_id = parent_id or run_file.run_id
+        else:
+            uri = _tracking.resolve_tracking_uri()
+        client = MlflowClient(tracking_uri=uri)
+        parent = None
+        if parent_id:
+            try:
+                parent = client.get_run(parent_id)
+                if parent.info.lifecycle_stage == "deleted":
+                    logger.warning("parent MLflow run %s is deleted: %s runs as a top-level run",
+                                   parent_id, rule.rule_name)
+                    parent = None
+            except Exception as exc:
+                logger.warning("parent MLflow run %s not found at %s (%s): %s runs as a top-level run",
+                               parent_id, uri, exc, rule.rule_name)
+        if parent is not None:
+            experiment_id = parent.info.experiment_id
+        else:
+            fluent = uri == _tracking.absolute_uri(mlflow.get_tracking_uri())
+            experiment_id = _tracking.experiment_id_for(client, fluent_store=fluent)
+        tags = {
+            _keys.TAG_RUN_TYPE: "rule", _keys.TAG_RULE: rule.rule_name, _keys.TAG_VERSION: __version__,
+            _keys.TAG_TRIAL: _tracking.trial_location(rule.base_trial.path),
+            _keys.TAG_RULE_STATUS: results.IN_PROGRESS,
+        }
+        if parent is not None:
+            tags[_keys.PARENT_RUN_TAG] = parent.info.run_id
+        run = client.create_run(experiment_id, run_name=rule.rule_name,
+                                tags={k: _keys.tag_value(v) for k, v in resolve_tags(tags).items()})
+        state = _RuleRun(client, run.info.run_id, experiment_id, parent.info.run_id if parent else None)
+        self._runs[result.run_id] = state
+        result.mlflow_run_id = state.run_id
+        result.mlflow_experiment_id = experiment_id
+        params = {"rule": rule.rule_name, **{str(k): v for k, v in result.parameters.items()}}
+        if getattr(rule, "other_trials", None):
+            params["other_trials"] = ",".join(t.path for t in rule.other_trials)
+        if getattr(rule, "action_str", None):
+            params["action_str"] = rule.action_str
+        self._log_params(state, params)
+        if state.parent_run_id:
+            self._tag(state.client, state.parent_run_id, {
+                _keys.rule_tag(rule.rule_name, "status"): results.IN_PROGRESS,
+                _keys.rule_tag(rule.rule_name, "run_id"): state.run_id,
+            })
+
+    def step_evaluated(self, rule: Any, result: results.RuleResult, step: int, met: bool) -> None:
+        """Queue the step's metric; at the first step where the condition holds, tag both runs."""
+        state = self._runs.get(result.run_id)
+        if state is None:
+            return
+        from mlflow.entities import Metric
+
+        state.metrics.append(Metric(METRIC_CONDITION_MET, 1.0 if met else 0.0,
+                                    int(time.time() * 1000), int(step)))
+        if met and not state.tagged_first:
+            state.tagged_first = True
+            self._flush(state)
+            self._tag_findings(rule, result, state, results.ISSUES_FOUND)
+        elif (len(state.metrics) >= _keys.MAX_METRICS_PER_BATCH
+              or time.monotonic() - state.last_flush > _FLUSH_SECONDS):
+            self._flush(state)
+
+    def finished(self, rule: Any, result: results.RuleResult) -> None:
+        """Flush, record the outcome on the rule run (and the parent) and end the rule run."""
+        state = self._runs.pop(result.run_id, None)
+        if state is None:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        last = result.fired_steps[-1] if result.fired_steps else 0
+        for metric in state.metrics[-1:]:
+            last = max(last, metric.step)
+        state.metrics += [Metric("evaluated_steps", float(result.evaluated_steps), now, last),
+                          Metric("fired_steps", float(len(result.fired_steps)), now, last)]
+        try:
+            self._flush(state)
+            self._tag_findings(rule, result, state, result.status)
+            from dataclasses import asdict
+
+            state.client.log_dict(state.run_id, asdict(result), f"{_keys.ARTIFACT_DIR}/rule_result.json")
+        finally:
+            failed = result.status == results.ERROR
+            state.client.set_terminated(state.run_id, "FAILED" if failed else "FINISHED")
+
+    # -- helpers --------------------------------------------------------------------------------------
+    def _tag_findings(self, rule: Any, result: results.RuleResult, state: _RuleRun, status: str) -> None:
+        own = {_keys.TAG_RULE_STATUS: status}
+        if result.first_step is not None:
+            own[_keys.TAG_FIRST_STEP] = str(result.first_step)
+        if result.message:
+            own[_keys.TAG_MESSAGE] = result.message
+        if result.error:
+            own["mltrace.error"] = result.error
+        summary = f"**{rule.rule_name}**: {status}"
+        if result.first_step is not None:
+            summary += f", first at step {result.first_step}: {result.message or ''}"
+        own["mlflow.note.content"] = summary
+        self._tag(state.client, state.run_id, own)
+        if not state.parent_run_id:
+            return
+        name = rule.rule_name
+        parent = {_keys.rule_tag(name, "status"): status, _keys.rule_tag(name, "run_id"): state.run_id}
+        if result.first_step is not None:
+            parent[_keys.rule_tag(name, "first_step")] = str(result.first_step)
+            parent[_keys.rule_tag(name, "message")] = result.message or ""
+            parent[_keys.TAG_ISSUES_FOUND] = "true"
+        self._tag(state.client, state.parent_run_id, parent)
+
+    @staticmethod
+    def _tag(client: Any, run_id: str, tags: dict[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
+        items = [RunTag(k, _keys.tag_value(v)) for k, v in tags.items()]
+        for chunk in _keys.chunks(items, _keys.MAX_PARAMS_TAGS_PER_BATCH):
+            client.log_batch(run_id, tags=chunk, synchronous=True)
+
+    @staticmethod
+    def _log_params(state: _RuleRun, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(_keys.clean_key(k), _keys.param_value(v)) for k, v in params.items()]
+        for chunk in _keys.chunks(items, _keys.MAX_PARAMS_TAGS_PER_BATCH):
+            state.client.log_batch(state.run_id, params=chunk, synchronous=True)
+
+    @staticmethod
+    def _flush(state: _RuleRun) -> None:
+        metrics, state.metrics = state.metrics, []
+        state.last_flush = time.monotonic()
+        for chunk in _keys.chunks(metrics, _keys.MAX_METRICS_PER_BATCH):
+            state.client.log_batch(state.run_id, metrics=chunk, synchronous=True)

@@ -1,0 +1,95 @@
+"""MLflow test helpers: a SQLite tracking store under tmp_path for each test, and a small
+training loop whose hook logs to MLflow.
+
+``from tests.mlflow_env import mlflow_template_db, tracking  # noqa: F401`` in a test module.
+Migrating a fresh MLflow database takes seconds, so one migrated template per session is copied
+into each test's tmp_path (its default experiment re-pointed at the test's folder). The test runs
+with its cwd in tmp_path and MLFLOW_TRACKING_URI set, so nothing lands in the repository.
+Sinks default to logging from their thread (MLTRACE_MLFLOW_PROCESS=0) unless a test asks for
+the helper process.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import mltrace.pytorch as smd
+
+
+@pytest.fixture(scope="session")
+def mlflow_template_db(tmp_path_factory) -> str:
+    """Path of a migrated, empty MLflow SQLite database."""
+    from mlflow import MlflowClient
+
+    path = tmp_path_factory.mktemp("mlflow-template") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{path}").search_experiments()
+    return str(path)
+
+
+@pytest.fixture
+def tracking(tmp_path, monkeypatch, mlflow_template_db) -> str:
+    """A fresh SQLite tracking URI in tmp_path (set as MLFLOW_TRACKING_URI; cwd = tmp_path)."""
+    import mlflow
+    import mlflow.tracking.fluent as fluent
+
+    db = tmp_path / "mlflow.db"
+    shutil.copyfile(mlflow_template_db, db)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
+                     (str(tmp_path / "mlruns" / "0"),))
+    uri = f"sqlite:///{db}"
+    for var in ("MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID", "MLTRACE_MLFLOW_PARENT_RUN_ID", "MLTRACE_TRIAL",
+                "MLFLOW_RUN_ID"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    # Sinks log from their thread here (a helper process costs seconds of MLflow import per hook);
+    # tests that are about the helper process ask for it with logging_process=True.
+    monkeypatch.setenv("MLTRACE_MLFLOW_PROCESS", "0")
+    monkeypatch.chdir(tmp_path)
+    yield uri
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
+    fluent._active_experiment_id = None
+
+
+def train(out_dir: str, steps: int = 5, mlflow: Any = True, lr: float = 0.05, eval_steps: int = 0,
+          collections=("weights", "gradients", "losses"), scalar: str | None = "accuracy",
+          close: bool = True, seed: int = 0, **hook_kwargs: Any):
+    """Train a tiny MLP ``steps`` steps (then ``eval_steps`` in EVAL mode) with a hook saving
+    every step; ``scalar`` is saved with save_scalar each step. Returns (hook, losses by mode)."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    hook = smd.Hook(out_dir=str(out_dir), save_config=smd.SaveConfig(save_interval=1),
+                    include_collections=list(collections), mlflow=mlflow, **hook_kwargs)
+    hook.register_module(model)
+    loss_fn = nn.MSELoss()
+    hook.register_loss(loss_fn)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    gen = torch.Generator().manual_seed(seed)
+    losses: dict[str, list[float]] = {"TRAIN": [], "EVAL": []}
+    hook.set_mode(smd.modes.TRAIN)
+    for i in range(steps):
+        x = torch.randn(16, 4, generator=gen)
+        y = x.sum(1, keepdim=True)
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        losses["TRAIN"].append(loss.item())
+        if scalar:
+            hook.save_scalar(scalar, i / 10, sm_metric=True)
+    if eval_steps:
+        hook.set_mode(smd.modes.EVAL)
+        with torch.no_grad():
+            for _ in range(eval_steps):
+                x = torch.randn(16, 4, generator=gen)
+                losses["EVAL"].append(float(loss_fn(model(x), x.sum(1, keepdim=True))))
+    if close:
+        hook.close()
+    return hook, losses
