@@ -189,6 +189,22 @@ def parse_hook_config(doc: Mapping[str, Any], path: str = "<dict>",
     return HookConfig(hook_kwargs=kwargs, collections=collections, path=path)
 
 
+def create_hook_from_config(cls: Any, json_file_path: str | None = None,
+                            save_defaults: Mapping[str, Any] | None = None) -> Any:
+    """Build hook class ``cls`` from the configuration file: constructor arguments first, then
+    each configured collection's settings (every adapter's ``create_from_json_file``)."""
+    config = load_hook_config(json_file_path, save_defaults=save_defaults)
+    hook = cls(**config.hook_kwargs)
+    for name, settings in config.collections.items():
+        coll = hook.get_collection(name)
+        for key, value in settings.items():
+            if key == "include_regex":
+                coll.include(value)
+            else:
+                setattr(coll, key, value)
+    return hook
+
+
 def load_hook_config(json_file_path: str | None = None,
                      save_defaults: Mapping[str, Any] | None = None) -> HookConfig:
     """Read and parse the hook configuration file (see config_file_path)."""

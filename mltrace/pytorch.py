@@ -33,7 +33,7 @@ from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
 from mltrace.exceptions import MltraceTypeError, MltraceValueError
 from mltrace.format.tensors import BFloat16Bits
 from mltrace.hook import BaseHook, as_numpy, get_hook, guarded
-from mltrace.json_config import load_hook_config
+from mltrace.json_config import create_hook_from_config
 from mltrace.reductions import canonical_name
 from mltrace.trials import create_trial
 
@@ -144,16 +144,7 @@ class Hook(BaseHook):
     @classmethod
     def create_from_json_file(cls, json_file_path: str | None = None) -> Hook:
         """Build a hook from smdebug's JSON configuration (see mltrace.json_config)."""
-        config = load_hook_config(json_file_path)
-        hook = cls(**config.hook_kwargs)
-        for name, settings in config.collections.items():
-            coll = hook.get_collection(name)
-            for key, value in settings.items():
-                if key == "include_regex":
-                    coll.include(value)
-                else:
-                    setattr(coll, key, value)
-        return hook
+        return create_hook_from_config(cls, json_file_path)
 
     # -- worker identity --------------------------------------------------------------------------
     def _worker_identity(self) -> tuple[str, int]:

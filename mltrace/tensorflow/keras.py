@@ -37,7 +37,7 @@ from mltrace.collections import CollectionKeys
 from mltrace.config import ReductionConfig
 from mltrace.exceptions import MltraceTypeError
 from mltrace.hook import guarded
-from mltrace.json_config import load_hook_config
+from mltrace.json_config import create_hook_from_config
 from mltrace.modes import ModeKeys
 from mltrace.tensorflow._core import TFHook, take_pending
 from mltrace.tensorflow._tensors import gradient_name, io_names, layer_weight_name
@@ -434,13 +434,4 @@ class KerasHook(tf.keras.callbacks.Callback):
 
 
 def _from_json(cls: Any, json_file_path: str | None) -> Any:
-    config = load_hook_config(json_file_path)
-    hook = cls(**config.hook_kwargs)
-    for name, settings in config.collections.items():
-        coll = hook.get_collection(name)
-        for key, value in settings.items():
-            if key == "include_regex":
-                coll.include(value)
-            else:
-                setattr(coll, key, value)
-    return hook
+    return create_hook_from_config(cls, json_file_path)

@@ -59,7 +59,7 @@ from mltrace.collections import Collection, CollectionKeys, CollectionManager
 from mltrace.config import ReductionConfig, SaveConfig
 from mltrace.exceptions import MltraceTypeError
 from mltrace.hook import BaseHook, as_numpy, get_hook, guarded
-from mltrace.json_config import load_hook_config
+from mltrace.json_config import create_hook_from_config
 from mltrace.xgboost import _model
 
 logger = logging.getLogger(__name__)
@@ -187,17 +187,8 @@ class Hook(BaseHook):
         """Build a hook from smdebug's JSON configuration (see mltrace.json_config); save keys the
         file leaves out take XGBoost's defaults (every 10 rounds). Set ``hook.train_data``,
         ``hook.validation_data`` and ``hook.hyperparameters`` afterwards, as with smdebug."""
-        config = load_hook_config(json_file_path,
-                                  save_defaults={"save_interval": DEFAULT_SAVE_INTERVAL})
-        hook = cls(**config.hook_kwargs)
-        for name, settings in config.collections.items():
-            coll = hook.get_collection(name)
-            for key, value in settings.items():
-                if key == "include_regex":
-                    coll.include(value)
-                else:
-                    setattr(coll, key, value)
-        return hook
+        return create_hook_from_config(cls, json_file_path,
+                                       save_defaults={"save_interval": DEFAULT_SAVE_INTERVAL})
 
     # -- data given by the user (settable later, as smdebug's docs do) ---------------------------
     @property
