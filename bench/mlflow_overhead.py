@@ -54,6 +54,7 @@ from torch import nn  # noqa: E402
 #: hook+mlflow-thread: logging_process=False (MLflow's client runs in the sink's thread).
 VARIANTS = ("hook", "hook+mlflow", "hook+mlflow-thread")
 COLLECTIONS = ["weights", "losses"]
+SINK_OPTIONS: dict[str, Any] = {}  # --flush-interval
 
 
 def make_model(seed: int = 0) -> nn.Module:
@@ -95,7 +96,7 @@ def one_run(variant: str | None, out_dir: str | None, data: list, experiment: st
     if variant is not None:
         options = None
         if variant.startswith("hook+mlflow"):
-            options = {"experiment": experiment, "logging_process": variant == "hook+mlflow"}
+            options = {"experiment": experiment, "logging_process": variant == "hook+mlflow", **SINK_OPTIONS}
         hook = smd.Hook(out_dir=out_dir, save_config=smd.SaveConfig(save_interval=1),
                         include_collections=list(COLLECTIONS), mlflow=options)
         hook.register_module(model)
@@ -189,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--tracking-uri", default=None, help="default: SQLite in a temporary folder")
     parser.add_argument("--no-baseline", action="store_true", help="skip the run without any hook")
+    parser.add_argument("--flush-interval", type=float, default=None, help="the sink's (default: its own, 2 s)")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"comma list among {', '.join(VARIANTS)} (hook is always included)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -197,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     for v in names:
         if v not in VARIANTS:
             parser.error(f"--variants: {v!r} is not one of {', '.join(VARIANTS)}")
+    if args.flush_interval:
+        SINK_OPTIONS["flush_interval"] = args.flush_interval
     torch.set_num_threads(1)
     workdir = tempfile.mkdtemp(prefix="mltrace-bench-mlflow-")
     os.environ["MLFLOW_TRACKING_URI"] = args.tracking_uri or f"sqlite:///{workdir}/mlflow.db"

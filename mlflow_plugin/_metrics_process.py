@@ -7,7 +7,8 @@ In a process of its own that work costs the training process nothing but a pipe 
 Protocol: ``python -m mlflow_plugin._metrics_process RUN_ID TRACKING_URI``; stdin carries one JSON
 line per batch, ``[[key, value, timestamp_ms, step], ...]``; at end of input the process prints
 one JSON line on stdout, ``{"logged": n, "failed": n, "error": first error or null}``, and exits.
-It never raises: a batch MLflow refuses is counted and reported in that line.
+It never raises: a batch MLflow refuses is counted and reported in that line. It runs at a lower
+CPU priority (nice +10) than the training process.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ import sys
 
 
 def _serve(run_id: str, tracking_uri: str) -> dict:
+    try:  # background work: when CPUs are short, the training process goes first
+        os.nice(10)
+    except (AttributeError, OSError):
+        pass
     logging.getLogger("mlflow").setLevel(logging.ERROR)
     from mlflow import MlflowClient
     from mlflow.entities import Metric
