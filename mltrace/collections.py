@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from mltrace.config import ReductionConfig, SaveConfig, bump_config_generation
@@ -294,4 +294,36 @@ class CollectionManager:
                 f"{where} is not a valid collections file ({type(exc).__name__}: {exc}); "
                 "it may be damaged: restore it from the training job's output"
             ) from None
+        return manager
+
+
+def manager_with_defaults(defaults: Mapping[str, str | Iterable[str]],
+                          collection_class: type[Collection] = Collection) -> CollectionManager:
+    """A CollectionManager holding an adapter's default collections ({name: include regexes})."""
+    manager = CollectionManager(collection_class=collection_class)
+    for name, regexes in defaults.items():
+        manager.get(name).include(regexes)
+    return manager
+
+
+class PendingCollections:
+    """Collections configured through an adapter's module-level ``get_collection`` before any
+    hook exists (seed 000 does this); the next hook created takes them, and a fresh set from
+    ``factory`` takes their place.
+
+    Args:
+        factory: builds the adapter's manager with its default collections.
+    """
+
+    def __init__(self, factory: Callable[[], CollectionManager]) -> None:
+        self._factory = factory
+        self._manager = factory()
+
+    def get(self, name: str, create: bool = True) -> Collection:
+        """A pending collection (created if missing and ``create``)."""
+        return self._manager.get(name, create)
+
+    def take(self) -> CollectionManager:
+        """Hand the pending collections to a new hook."""
+        manager, self._manager = self._manager, self._factory()
         return manager

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from mltrace import modes
 from mltrace.collections import Collection as _CoreCollection
-from mltrace.collections import CollectionKeys, CollectionManager
+from mltrace.collections import CollectionKeys, PendingCollections, manager_with_defaults
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
 from mltrace.exceptions import MltraceTypeError, MltraceValueError
 from mltrace.format.tensors import BFloat16Bits
@@ -70,16 +70,9 @@ class Collection(_CoreCollection):
         return self._modules
 
 
-def _collection_manager() -> CollectionManager:
-    manager = CollectionManager(collection_class=Collection)
-    for name, regexes in DEFAULT_COLLECTIONS.items():
-        manager.get(name).include(regexes)
-    return manager
-
-
 # Collections made with smd.get_collection(...) before a hook exists (seed 000 does this) land
 # here and are handed to the next hook created.
-_pending = _collection_manager()
+_pending = PendingCollections(lambda: manager_with_defaults(DEFAULT_COLLECTIONS, Collection))
 
 
 def get_collection(name: str, create: bool = True) -> Collection:
@@ -125,8 +118,7 @@ class Hook(BaseHook):
         mlflow: bool | dict[str, Any] | None = None,
         stop_check_interval: float | None = None,
     ) -> None:
-        global _pending
-        manager, _pending = _pending, _collection_manager()
+        manager = _pending.take()
         super().__init__(
             out_dir,  # type: ignore[arg-type]
             export_tensorboard, tensorboard_dir, dry_run, reduction_config, save_config,

@@ -7,7 +7,12 @@ import re
 from mxnet import gluon
 
 from mltrace.collections import Collection as _CoreCollection
-from mltrace.collections import CollectionKeys, CollectionManager
+from mltrace.collections import (
+    CollectionKeys,
+    CollectionManager,
+    PendingCollections,
+    manager_with_defaults,
+)
 from mltrace.exceptions import MltraceTypeError
 
 DEFAULT_COLLECTIONS = {
@@ -40,22 +45,13 @@ class Collection(_CoreCollection):
             self.include(f"^{re.escape(block.name)}_output_")
 
 
-def _collection_manager() -> CollectionManager:
-    manager = CollectionManager(collection_class=Collection)
-    for name, regexes in DEFAULT_COLLECTIONS.items():
-        manager.get(name).include(regexes)
-    return manager
-
-
 # Collections made with smd.get_collection(...) before a hook exists go to the next hook created.
-_pending = _collection_manager()
+_pending = PendingCollections(lambda: manager_with_defaults(DEFAULT_COLLECTIONS, Collection))
 
 
 def take_pending() -> CollectionManager:
     """The pending collections, handed to a new hook (a fresh set takes their place)."""
-    global _pending
-    manager, _pending = _pending, _collection_manager()
-    return manager
+    return _pending.take()
 
 
 def pending_collection(name: str, create: bool = True) -> Collection:

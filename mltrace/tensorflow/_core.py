@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from mltrace.collections import CollectionKeys, CollectionManager
+from mltrace.collections import CollectionKeys, CollectionManager, PendingCollections
 from mltrace.exceptions import MltraceTypeError
 from mltrace.hook import BaseHook, guarded
 from mltrace.hook import get_hook as _core_get_hook
@@ -527,14 +527,12 @@ def _has_chief() -> bool:
 # -- module-level helpers shared by the facades -----------------------------------------------
 # Collections made with get_collection(...) before a hook exists land here and are handed to the
 # next hook created (seed 000 configures them that way).
-_pending = collection_manager()
+_pending = PendingCollections(collection_manager)
 
 
 def take_pending() -> CollectionManager:
     """The collections configured so far; a fresh manager takes their place."""
-    global _pending
-    manager, _pending = _pending, collection_manager()
-    return manager
+    return _pending.take()
 
 
 def get_hook() -> Any:

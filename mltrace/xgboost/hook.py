@@ -55,7 +55,7 @@ import numpy as np
 import xgboost as xgb
 from xgboost import collective
 
-from mltrace.collections import Collection, CollectionKeys, CollectionManager
+from mltrace.collections import Collection, CollectionKeys, PendingCollections, manager_with_defaults
 from mltrace.config import ReductionConfig, SaveConfig
 from mltrace.exceptions import MltraceTypeError
 from mltrace.hook import BaseHook, as_numpy, get_hook, guarded
@@ -87,15 +87,8 @@ RAW_ONLY_COLLECTIONS = (K.HYPERPARAMETERS, K.TREES)
 _NEEDS_BOOSTER = (K.PREDICTIONS, K.FEATURE_IMPORTANCE, K.TREES, K.FULL_SHAP, K.AVERAGE_SHAP)
 
 
-def _collection_manager() -> CollectionManager:
-    manager = CollectionManager()
-    for name, regexes in DEFAULT_COLLECTIONS.items():
-        manager.get(name).include(regexes)
-    return manager
-
-
 # Collections made with smd.get_collection(...) before a hook exists go to the next hook.
-_pending = _collection_manager()
+_pending = PendingCollections(lambda: manager_with_defaults(DEFAULT_COLLECTIONS))
 
 
 def get_collection(name: str, create: bool = True) -> Collection:
@@ -153,11 +146,10 @@ class Hook(BaseHook):
         mlflow: bool | dict[str, Any] | None = None,
         stop_check_interval: float | None = None,
     ) -> None:
-        global _pending
         # Read by close() (also at exit), so set before anything can fail.
         self._round_written = False
         self._carried: list[tuple[str, np.ndarray, Any]] = []
-        manager, _pending = _pending, _collection_manager()
+        manager = _pending.take()
         super().__init__(
             out_dir,  # type: ignore[arg-type]
             export_tensorboard, tensorboard_dir, dry_run, reduction_config, save_config,
