@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--tracking-uri", default=None, help="default: SQLite in a temporary folder")
     parser.add_argument("--no-baseline", action="store_true", help="skip the run without any hook")
-    parser.add_argument("--flush-interval", type=float, default=None, help="the sink's (default: its own, 2 s)")
+    parser.add_argument("--flush-interval", type=float, default=None, help="the sink's (default: its own, 5 s)")
     parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"comma list among {', '.join(VARIANTS)} (hook is always included)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")

@@ -5,7 +5,8 @@ else SQLite in the working directory (MLflow 3's default). mltrace never falls b
 deprecated file store: where MLflow's implicit default would be ``./mlruns`` (a folder that
 already holds runs), ``sqlite:///<cwd>/mlflow.db`` is used instead, with a warning. Relative
 SQLite paths are made absolute, so that the run file names a store that a rule job started
-from another directory still finds.
+from another directory still finds, and experiments mltrace creates in a SQLite store keep their
+artifacts beside the database (``<db folder>/mlruns/<experiment>``), not in the working directory.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -101,7 +103,7 @@ def experiment_id_for(client: Any, name: str | None = None, experiment_id: str |
         if found is not None:
             return found.experiment_id
         try:
-            return client.create_experiment(name)
+            return client.create_experiment(name, artifact_location=_artifact_location(client, name))
         except Exception:  # created meanwhile by another process
             found = client.get_experiment_by_name(name)
             if found is None:
@@ -115,6 +117,18 @@ def experiment_id_for(client: Any, name: str | None = None, experiment_id: str |
     if not fluent_store:
         return "0"
     return _get_experiment_id() or "0"
+
+
+def _artifact_location(client: Any, name: str) -> str | None:
+    """For an experiment mltrace creates in a SQLite store: ``<db folder>/mlruns/<name>``, so that
+    artifacts sit beside the database wherever the process runs (MLflow's default is ./mlruns of
+    the current directory). Other stores keep their own default (None)."""
+    uri = str(getattr(client, "tracking_uri", "") or "")
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix + "/") or ":memory:" in uri:
+        return None
+    folder = re.sub(r"[^\w.\- ]", "_", name).strip(". ") or "experiment"
+    return os.path.join(os.path.dirname(uri[len(prefix):]), "mlruns", folder)
 
 
 def trial_location(out_dir: str) -> str:

@@ -1,7 +1,7 @@
 """The MLflow sink of a hook: ``Hook(..., mlflow=True)`` or ``mlflow={...}``.
 
 On the training thread the sink only appends ``(name, mode, value, time, step)`` to a deque; a
-background thread takes what accumulated every ``flush_interval`` seconds (sooner when 1000 are
+background thread takes what accumulated every ``flush_interval`` seconds (sooner when 10000 are
 waiting) and hands it, as one batch, to a helper process that makes the ``log_batch`` calls (at
 most 1000 metrics each): MLflow's client is pure Python and, in a thread, would hold the GIL the
 training loop needs (``logging_process=False`` logs from the thread; so does the sink if the
@@ -57,13 +57,16 @@ OPTIONS = {
     "log_params": "log the hook configuration as params (default true)",
     "artifacts": "log collections, TensorBoard folder and summary at close (default true)",
     "summary": "log the trial summary (HTML + JSON) at close (default true)",
-    "flush_interval": "seconds between metric batches (default 2)",
+    "flush_interval": "seconds between metric batches (default 5)",
     "metric_prefix": "prefix for every metric name, e.g. 'mltrace/' (default none)",
     "logging_process": "send metrics from a helper process, not this one (default true, or "
                        "MLTRACE_MLFLOW_PROCESS=0 for false; see _transport)",
 }
 _MODE_PREFIX = {ModeKeys.EVAL: "eval/", ModeKeys.PREDICT: "predict/"}
 _MAX_PENDING = 1_000_000
+#: Points waiting that wake the background thread before flush_interval is up. Large batches
+#: matter: MLflow's SQL store spends ~8 ms per log_batch call besides ~0.07 ms per metric.
+_WAKE_AT = 10_000
 #: With autologging on, seconds a new metric name waits before mltrace claims it (see _claim_keys).
 CLAIM_DELAY = 10.0
 
@@ -89,7 +92,16 @@ def create_sink(hook: Any, options: dict[str, Any]) -> Any:
             return NullSink()
     except Exception:  # identity not known yet: log from this process
         pass
-    return MlflowSink(hook, options)
+    try:
+        return MlflowSink(hook, options)
+    except MltraceValueError:
+        raise
+    except Exception as exc:  # MLflow unreachable or refusing: training goes on without it
+        if getattr(hook, "strict", False):
+            raise
+        logger.error("MLflow logging is off for this hook (the trial is still saved): %s: %s "
+                     "(pass strict=True to raise instead)", type(exc).__name__, exc)
+        return NullSink()
 
 
 def _compact(save_config: dict[str, Any]) -> dict[str, Any]:
@@ -117,7 +129,7 @@ class MlflowSink:
 
         self.hook = hook
         self.options = options
-        self.flush_interval = float(options.get("flush_interval", 2.0))
+        self.flush_interval = float(options.get("flush_interval", 5.0))
         if self.flush_interval <= 0:
             raise MltraceValueError(f"mlflow option flush_interval={self.flush_interval} must be > 0")
         self.prefix = str(options.get("metric_prefix") or "")
@@ -218,9 +230,16 @@ class MlflowSink:
             self._dropped += 1  # MLflow is far behind: the oldest point falls out of the deque
         pending.append((name, mode, value, time.time(), mode_step))
         if self._params is None and getattr(self.hook, "_prepared", False):
-            self._params = self._hook_params()
-        if len(pending) >= _keys.MAX_METRICS_PER_BATCH:
+            self._params = self._safe_hook_params()
+        if len(pending) >= _WAKE_AT:
             self._wake.set()
+
+    def _safe_hook_params(self) -> dict[str, str]:
+        try:
+            return self._hook_params()
+        except Exception as exc:  # a hook of another shape: no params, never a failed step
+            logger.warning("the hook configuration is not logged as MLflow params: %s", exc)
+            return {}
 
     def _hook_params(self) -> dict[str, str]:
         """The hook's configuration as params (taken once, after its collections are fixed)."""
@@ -259,7 +278,7 @@ class MlflowSink:
                 return
 
     def _flush(self) -> None:
-        if self._params is not None and not self._params_logged and self.options.get("log_params", True):
+        if self._params and not self._params_logged and self.options.get("log_params", True):
             self._params_logged = True
             self._log_params(self._params)
         items, self._held = self._held, []
@@ -377,10 +396,7 @@ class MlflowSink:
             return
         self._closed = True
         if self._params is None:
-            try:
-                self._params = self._hook_params()
-            except Exception as exc:
-                logger.debug("no params: %s", exc)
+            self._params = self._safe_hook_params()
         self._stopping = True
         self._wake.set()
         self._thread.join(timeout=300)
@@ -392,7 +408,7 @@ class MlflowSink:
             self._thread.join()
         if isinstance(self._transport, _transport.ProcessTransport):
             self._retire_process(timeout=600.0)
-        if self._params is not None and not self._params_logged and self.options.get("log_params", True):
+        if self._params and not self._params_logged and self.options.get("log_params", True):
             self._params_logged = True
             self._log_params(self._params)
         if self._dropped:
@@ -444,7 +460,7 @@ class MlflowSink:
             return
         from mlflow_plugin import summary
 
-        info = summary.trial_summary(self.hook.out_dir)
+        info = summary.trial_summary(self.trial)
         self.client.log_text(self.run_id, summary.summary_html(info), f"{_keys.ARTIFACT_DIR}/summary.html")
         self.client.log_dict(self.run_id, info, f"{_keys.ARTIFACT_DIR}/summary.json")
 

@@ -48,6 +48,7 @@ def tracking(tmp_path, monkeypatch, mlflow_template_db) -> str:
                 "MLFLOW_RUN_ID"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")  # loopback only: no usage reports
     # Sinks log from their thread here (a helper process costs seconds of MLflow import per hook);
     # tests that are about the helper process ask for it with logging_process=True.
     monkeypatch.setenv("MLTRACE_MLFLOW_PROCESS", "0")

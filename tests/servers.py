@@ -128,7 +128,7 @@ def mlflow_server(s3_server, tmp_path_factory) -> Iterator[MlflowServer]:
     port = free_port()
     env = dict(os.environ, MLFLOW_S3_ENDPOINT_URL=s3_server.endpoint, AWS_ACCESS_KEY_ID=S3_KEY,
                AWS_SECRET_ACCESS_KEY=S3_SECRET, AWS_DEFAULT_REGION="us-east-1",
-               MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+               MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", MLFLOW_DISABLE_TELEMETRY="true")
     env.pop("MLFLOW_TRACKING_URI", None)
     cmd = [os.path.join(BIN, "mlflow"), "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
            "--artifacts-destination", f"s3://{bucket}/", "--host", "127.0.0.1", "--port", str(port),

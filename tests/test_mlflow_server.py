@@ -22,6 +22,7 @@ LOSS = "MSELoss_output_0"
 @pytest.fixture
 def server(mlflow_server, monkeypatch, tmp_path):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
     for var in ("MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID", "MLTRACE_MLFLOW_PARENT_RUN_ID"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.chdir(tmp_path)

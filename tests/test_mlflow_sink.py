@@ -46,6 +46,7 @@ def test_hook_logs_scalars_params_tags_and_artifacts(tracking, tmp_path):
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
     assert client.get_experiment(run.info.experiment_id).name == "sink"
+    assert run.info.artifact_uri.startswith(str(tmp_path / "mlruns" / "sink"))  # beside mlflow.db
 
     # Losses (the losses collection) and save_scalar values, with the step of their mode.
     trial = create_trial(str(tmp_path / "trial"))
@@ -331,3 +332,18 @@ def test_a_hook_never_closed_is_closed_at_exit(tracking, tmp_path):
     assert sorted(m.step for m in client.get_metric_history(run_id, LOSS)) == list(range(4))
     assert "mltrace/summary.html" in _artifacts(client, run_id)
     assert (tmp_path / "trial" / "training_job_end.ts").exists()
+
+
+def test_unreachable_tracking_server_never_stops_training(tracking, tmp_path, monkeypatch, caplog):
+    from mlflow_plugin.sink import NullSink
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    dead = "http://127.0.0.1:9"  # discard port: nothing listens
+    with caplog.at_level(logging.ERROR, logger="mlflow_plugin"):
+        hook, _ = train(tmp_path / "trial", steps=2, mlflow={"tracking_uri": dead})
+    assert isinstance(hook.sinks[0], NullSink)
+    assert any("MLflow logging is off" in r.getMessage() for r in caplog.records)
+    assert create_trial(str(tmp_path / "trial")).steps() == [0, 1]
+    with pytest.raises(Exception):
+        train(tmp_path / "strict", steps=1, mlflow={"tracking_uri": dead}, strict=True)
