@@ -18,9 +18,9 @@ deferred work is counted). Columns:
                         two ran seconds apart, so a busy machine moves both alike
   self                  wall time spent inside mltrace (its callbacks and the py_function calls
                         of in-step captures) over the rest of the timed region; what other
-                        processes' load moves least. It leaves out Keras calling the hook's
-                        batch-end callback synchronously (Keras dispatches batch-end callbacks
-                        to a thread when no callback overrides them).
+                        processes' load moves least. (Keras' TensorFlow backend calls every
+                        callback synchronously, hook or not: keras backend IS_THREAD_SAFE is
+                        False for TensorFlow, so its async batch-end dispatch never applies.)
 
 Example:
     .venv/bin/python bench/keras_overhead.py                 # about 2 minutes

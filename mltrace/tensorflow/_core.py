@@ -67,6 +67,17 @@ BY_NAME_ONLY = frozenset(
 )
 
 
+def _in_first_replica() -> bool:
+    """False while tracing the step of a replica other than the first under a distribution
+    strategy (MirroredStrategy traces the step once per replica, each on its own thread): only
+    replica 0 saves in-step values, so a step holds one replica's values, always the same one."""
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync == 1:
+        return True
+    replica = tf.get_static_value(context.replica_id_in_sync_group)
+    return replica is None or int(replica) == 0
+
+
 class TFHook(BaseHook):
     """BaseHook with TensorFlow conversions, reductions, in-step capture, optimizer and tape
     wrapping. ``owner`` is the KerasHook or SessionHook that holds it (``get_hook`` returns it)."""
@@ -254,9 +265,11 @@ class TFHook(BaseHook):
         names = [n for n, _ in pairs]
         values = [v for _, v in pairs]
         receive = functools.partial(self._receive, names)
+        first_replica = _in_first_replica()
 
         def save() -> None:
-            tf.py_function(receive, [dense(v() if callable(v) else v) for v in values], [])
+            if first_replica:
+                tf.py_function(receive, [dense(v() if callable(v) else v) for v in values], [])
 
         pred = self._trace_pred()
         if pred is None and self.tracing_captures is not None:

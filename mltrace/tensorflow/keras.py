@@ -20,7 +20,8 @@ reach the hook through ``tf.py_function`` calls in a second version of the step 
 the hook hands Keras only for the steps that save them (see mltrace.tensorflow._core): the other
 steps run the graph Keras built, XLA included. With ``steps_per_execution=N`` Keras calls
 callbacks once per N batches: one hook step then spans N batches, and in-step values are those
-of its first batch.
+of its first batch. Under MirroredStrategy in-step values are replica 0's (see
+mltrace.tensorflow._core._in_first_replica); weights and losses are the synchronised ones.
 """
 
 from __future__ import annotations
