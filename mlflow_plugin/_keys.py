@@ -10,6 +10,7 @@ character message never makes a logging call fail.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import posixpath
 import re
@@ -52,6 +53,20 @@ def clean_key(name: str, prefix: str = "") -> str:
     if not key or posixpath.normpath(key) != key:
         key = key.replace("/", "_") or "_"
     return key
+
+
+def unique_key(key: str, name: str) -> str:
+    """``key`` (a clean_key result) made distinct for ``name``, for when another name already
+    uses it: its last 9 characters give way to ``_`` and 8 hex digits of a hash of ``name``
+    (stable across runs), within the 250-character limit.
+
+    Example:
+        >>> unique_key("a/b", "a//b")
+        'a/b_586cec69'
+    """
+    digest = hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    out = f"{key[:MAX_KEY_LENGTH - 9]}_{digest}"
+    return out if posixpath.normpath(out) == out else out.replace("/", "_")
 
 
 def rule_tag(rule_name: str, field: str) -> str:

@@ -9,6 +9,11 @@ helper cannot start or dies). At close it waits for every batch to be logged, lo
 trial's collections files, its ``tensorboard/`` folder and a summary (HTML + JSON) as artifacts
 under ``mltrace/``, and ends the run if it started it.
 
+Failures: a batch that MLflow refuses (tracking server down, a store that cannot be written) is
+lost; the first failure is logged, later ones are counted and summed up at close, and training
+and the trial go on. A hook built with ``strict=True`` gets the failure as an exception from its
+next ``log_scalar`` call (or from ``close()``) instead.
+
 Which run: ``run_id`` if given; else the active run (``with mlflow.start_run():`` around the
 hook); else a new run, made active on the creating thread so that the user's own
 ``mlflow.log_*`` calls and autologging land in it too. With ``nested=True`` and an active run, a
@@ -39,7 +44,7 @@ import time
 from typing import Any
 
 from mltrace import __version__
-from mltrace.exceptions import MltraceValueError
+from mltrace.exceptions import MltraceRuntimeError, MltraceValueError
 from mltrace.format import paths
 from mltrace.modes import ModeKeys
 from mlflow_plugin import _keys, _tracking, _transport
@@ -146,6 +151,7 @@ class MlflowSink:
 
         self._pending: collections.deque = collections.deque(maxlen=_MAX_PENDING)
         self._keys: dict[tuple[str, ModeKeys], str] = {}
+        self._key_owners: dict[str, tuple[str, ModeKeys]] = {}  # metric key -> the (name, mode) it is for
         self._own_keys: set[str] = set()
         self._foreign_keys: set[str] = set()
         self._first_seen: dict[str, float] = {}
@@ -158,6 +164,9 @@ class MlflowSink:
         self._closed = False
         self._failed_batches = 0
         self._first_error: str | None = None
+        # strict=True hooks get a failed batch as an exception: from the next log_scalar, or close.
+        self._strict = bool(getattr(hook, "strict", False))
+        self._unraised: str | None = None
         self.metrics_sent = 0
         self._transport: Any = _transport.ThreadTransport(self.client, self.run_id)
         default = os.environ.get("MLTRACE_MLFLOW_PROCESS", "1").strip().lower() not in ("0", "false", "no")
@@ -224,7 +233,14 @@ class MlflowSink:
 
     # -- training thread --------------------------------------------------------------------------
     def log_scalar(self, name: str, value: float, mode: ModeKeys, mode_step: int) -> None:
-        """Queue one scalar (called on the training thread: an append, nothing more)."""
+        """Queue one scalar (called on the training thread: an append, nothing more).
+
+        Raises:
+            mltrace.exceptions.MltraceRuntimeError: only for strict hooks, once per failure of
+                the background logging since the last raise (else failures are only logged).
+        """
+        if self._unraised is not None and self._strict:
+            self._raise_failure()
         pending = self._pending
         if len(pending) == _MAX_PENDING:
             self._dropped += 1  # MLflow is far behind: the oldest point falls out of the deque
@@ -315,10 +331,18 @@ class MlflowSink:
 
     def _failed(self, error: Any, batches: int = 1) -> None:
         self._failed_batches += batches
+        if self._unraised is None:
+            self._unraised = str(error)
         if self._first_error is None:
             self._first_error = str(error)
             logger.error("could not log metrics to MLflow run %s: %s (further failures are counted and "
                          "reported at close)", self.run_id, error)
+
+    def _raise_failure(self) -> None:
+        error, self._unraised = self._unraised, None
+        raise MltraceRuntimeError(
+            f"could not log metrics to MLflow run {self.run_id} at {self.tracking_uri}: {error}; "
+            "check the tracking store (a hook with strict=False logs this once and keeps training)")
 
     def _retire_process(self, timeout: float = 30.0) -> None:
         """Switch to the thread transport; account for what the helper process did."""
@@ -328,9 +352,20 @@ class MlflowSink:
             self._failed(error or "the helper process failed", max(failed, 1))
 
     def _key(self, name: str, mode: ModeKeys) -> str:
+        """The metric key of ``name`` in ``mode``: cleaned to MLflow's rules, and distinct per
+        name, so that names that clean to the same key ('a//b' and 'a/b', two long names with
+        the same first 250 characters) never share (and mix) one metric."""
         key = self._keys.get((name, mode))
         if key is None:
-            key = self._keys[(name, mode)] = _keys.clean_key(name, self.prefix + _MODE_PREFIX.get(mode, ""))
+            prefix = self.prefix + _MODE_PREFIX.get(mode, "")
+            key = _keys.clean_key(name, prefix)
+            owner = self._key_owners.setdefault(key, (name, mode))
+            if owner != (name, mode):
+                key = _keys.unique_key(key, prefix + name)
+                self._key_owners[key] = (name, mode)
+            if key != prefix + name:
+                logger.info("%r is logged to MLflow as the metric %r (MLflow's rules for names)", name, key)
+            self._keys[(name, mode)] = key
         return key
 
     def _autologging(self) -> bool:
@@ -423,6 +458,8 @@ class MlflowSink:
                 except Exception as exc:
                     logger.warning("MLflow artifacts of %s: %s failed: %s", self.trial, step.__name__, exc)
         self._end_run()
+        if self._unraised is not None and self._strict:
+            self._raise_failure()
 
     def _log_trial_files(self) -> None:
         """The collections files and the TensorBoard export, under ``mltrace/``."""

@@ -3,8 +3,9 @@ worker, plus the step <-> (mode, mode step) maps. Built from index files; knows 
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mltrace.format.index import StepIndex
 from mltrace.modes import ModeKeys
@@ -13,12 +14,15 @@ from mltrace.reductions import parse_reduction_tensor_name
 
 @dataclass(frozen=True)
 class Location:
-    """One record: events file key, byte range, payload CRC (None in smdebug-written trials)."""
+    """One record: events file key, byte range, payload CRC (None in smdebug-written trials),
+    and the tensor name the index gives it, which the record's own tag must repeat (left out of
+    ==: two Locations are the same record whatever name they were looked up by)."""
 
     key: str
     start: int
     length: int
     crc32c: int | None
+    tag: str | None = field(default=None, compare=False)
 
 
 class TensorEntries:
@@ -67,7 +71,9 @@ class TrialIndex:
         if index.mode is not ModeKeys.GLOBAL:
             self.mode_to_global[ModeKeys.GLOBAL][step] = step
         for entry in index.tensors:
-            loc = Location(index.event_file_name or "", entry.start_idx, entry.length, entry.crc32c)
+            # interned: the same names recur every step, one string each is enough
+            loc = Location(index.event_file_name or "", entry.start_idx, entry.length, entry.crc32c,
+                           sys.intern(entry.tensorname))
             parsed = parse_reduction_tensor_name(entry.tensorname)
             if parsed is not None:
                 base, red, is_abs = parsed
@@ -77,6 +83,50 @@ class TrialIndex:
                 self.tensors.setdefault(entry.tensorname, TensorEntries()).values.setdefault(step, {})[worker] = loc
         for shape in index.shapes:
             self.tensors.setdefault(shape.tensorname, TensorEntries()).shapes.setdefault(step, {})[worker] = shape.shape
+
+    def locations(self, step: int, worker: str) -> dict[tuple[str, str, bool], Location]:
+        """What one index file added: {(tensor, reduction or "", abs): Location} (a scan over
+        every tensor name; only used when a record fails its check)."""
+        found = {}
+        for name, entries in self.tensors.items():
+            if (loc := entries.values.get(step, {}).get(worker)) is not None:
+                found[(name, "", False)] = loc
+            for (red, is_abs), loc in entries.reductions.get(step, {}).get(worker, {}).items():
+                found[(name, red, is_abs)] = loc
+        return found
+
+    @staticmethod
+    def locations_in(index: StepIndex) -> dict[tuple[str, str, bool], Location]:
+        """The same for an index file not ingested (to compare with ``locations``)."""
+        found = {}
+        for entry in index.tensors:
+            loc = Location(index.event_file_name or "", entry.start_idx, entry.length, entry.crc32c)
+            parsed = parse_reduction_tensor_name(entry.tensorname)
+            found[parsed if parsed is not None else (entry.tensorname, "", False)] = loc
+        return found
+
+    def forget(self, step: int, worker: str) -> None:
+        """Drop what one index file added: its step is being rewritten (Trial._reload_step)."""
+        self._sorted.clear()
+        for name in list(self.tensors):
+            entries = self.tensors[name]
+            for table in (entries.values, entries.reductions, entries.shapes):
+                by_worker = table.get(step)
+                if by_worker is not None:
+                    by_worker.pop(worker, None)
+                    if not by_worker:
+                        del table[step]
+            if not entries.global_steps():
+                del self.tensors[name]
+        workers = self.step_workers.get(step)
+        if workers is not None:
+            workers.discard(worker)
+        if not workers:
+            self.step_workers.pop(step, None)
+            mode, mode_step = self.global_to_mode.pop(step, (None, None))
+            if mode is not None and self.mode_to_global[mode].get(mode_step) == step:
+                del self.mode_to_global[mode][mode_step]
+            self.mode_to_global[ModeKeys.GLOBAL].pop(step, None)
 
     def to_global(self, step: int, mode: ModeKeys) -> int | None:
         """The global step of mode step ``step`` (GLOBAL steps are global steps)."""

@@ -10,6 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mltrace.trials import Trial
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -33,7 +37,22 @@ def _info(args: argparse.Namespace) -> int:
         print(f"    {name}: {len(steps)} steps")
     if trial.skipped_files:
         print(f"  skipped (damaged) index files: {', '.join(trial.skipped_files)}")
+    if trial.loaded_all_steps:  # while training runs, an events file comes before its index
+        orphans = _events_without_index(trial)
+        if orphans:
+            print("  events files without an index file (not read; the index was lost): "
+                  + ", ".join(orphans))
     return 0
+
+
+def _events_without_index(trial: Trial) -> list[str]:
+    """Events files of the trial that no index file names: the reader is index-driven, so their
+    steps are invisible; ``mltrace info`` says so rather than let a step go missing silently."""
+    from mltrace.format import paths
+
+    indexed = {paths.parse_index_key(k) for k in trial.storage.list(paths.INDEX_DIR)}
+    return [k for k in trial.storage.list(paths.EVENTS_DIR)
+            if (parsed := paths.parse_event_key(k)) is not None and parsed not in indexed]
 
 
 def _compare(args: argparse.Namespace) -> int:

@@ -9,12 +9,15 @@ smdebug's loader ignores inside a collection entry).
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from mltrace.config import ReductionConfig, SaveConfig, bump_config_generation
 from mltrace.exceptions import MltraceValueError
+
+logger = logging.getLogger(__name__)
 
 
 class CollectionKeys:
@@ -57,6 +60,9 @@ TRAIN_ONLY_COLLECTIONS = frozenset({CollectionKeys.GRADIENTS, CollectionKeys.OPT
 def _regex_list(value: str | Iterable[str] | None) -> list[str]:
     if value is None or value is False:
         return []
+    if not isinstance(value, (str, Iterable)) or isinstance(value, (bytes, bytearray, Mapping)):
+        raise MltraceValueError(
+            f"include_regex={value!r} must be a regex string or a list of them, e.g. 'fc1.*'")
     items = [value] if isinstance(value, str) else list(value)
     for item in items:
         try:
@@ -67,6 +73,21 @@ def _regex_list(value: str | Iterable[str] | None) -> list[str]:
                 "escape special characters, e.g. re.escape('fc1.weight')"
             ) from None
     return items
+
+
+def _name_set(value: str | Iterable[str] | None) -> set[str]:
+    """Exact tensor names: one name or a list of them (a bare string is one name, not a set of
+    its characters)."""
+    if value is None:
+        return set()
+    if isinstance(value, str):
+        return {value}
+    if not isinstance(value, Iterable) or isinstance(value, (bytes, bytearray, Mapping)):
+        raise MltraceValueError(f"tensor_names={value!r} must be a list of tensor names, e.g. ['loss']")
+    names = set(value)
+    if not all(isinstance(n, str) for n in names):  # e.g. a damaged collections file
+        raise MltraceValueError(f"tensor_names={value!r} must hold strings only, e.g. ['loss']")
+    return names
 
 
 class Collection:
@@ -96,7 +117,7 @@ class Collection:
         self._include_regex: list[str] = []
         self._compiled: list[re.Pattern[str]] = []
         self.include(_regex_list(include_regex))
-        self._tensor_names: set[str] = set(tensor_names or [])
+        self._tensor_names: set[str] = _name_set(tensor_names)
         self._reduction_config = reduction_config
         self._save_config = None if save_config is None else SaveConfig.parse(save_config)
         self.save_histogram = save_histogram
@@ -130,7 +151,7 @@ class Collection:
 
     @tensor_names.setter
     def tensor_names(self, value: Iterable[str]) -> None:
-        self._tensor_names = set(value)
+        self._tensor_names = _name_set(value)
 
     def add_tensor_name(self, name: str) -> None:
         """Add one exact tensor name."""
@@ -220,7 +241,7 @@ class Collection:
             tensor_names=params.get("tensor_names") or [],
             reduction_config=ReductionConfig.from_dict(reduction, params.get("mltrace_reductions"))
             if reduction is not None else None,
-            save_config=SaveConfig.from_dict(params.get("save_config")),
+            save_config=_written_save_config(params["name"], params.get("save_config")),
             save_histogram=bool(params.get("save_histogram", True)),
         )
 
@@ -232,6 +253,19 @@ class Collection:
 
     def __repr__(self) -> str:
         return f"<Collection {self.name}: include_regex={self._include_regex}, tensor_names={sorted(self._tensor_names)[:5]}>"
+
+
+def _written_save_config(name: str, params: Any) -> SaveConfig:
+    """A collection's save config as a collections file holds it. Hooks check save configs
+    when they are set; a file written elsewhere (smdebug accepted end_step == start_step) may
+    hold one mltrace would refuse, which must not make the trial unreadable: reading needs no
+    save config, so such a one is replaced by the default, with a warning."""
+    try:
+        return SaveConfig.from_dict(params)
+    except MltraceValueError as exc:
+        logger.warning("collection %r: its save_config in the collections file is not one mltrace "
+                       "accepts (%s); reading the trial does not need it, the default is shown", name, exc)
+        return SaveConfig()
 
 
 class CollectionManager:
@@ -289,7 +323,8 @@ class CollectionManager:
             for entry in doc["collections"].values():
                 manager.add(Collection.from_dict(entry))
             manager.num_workers = int((doc.get("_meta") or {}).get("num_workers", 1))
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError, OverflowError,
+                RecursionError) as exc:
             raise MltraceValueError(
                 f"{where} is not a valid collections file ({type(exc).__name__}: {exc}); "
                 "it may be damaged: restore it from the training job's output"

@@ -6,10 +6,11 @@ They stay mutable after construction (seed 004 disables a collection with
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import difflib
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from mltrace.exceptions import MltraceValueError
+from mltrace.exceptions import MltraceAttributeError, MltraceValueError
 from mltrace.modes import ALLOWED_MODES, ModeKeys, mode_from
 
 DEFAULT_SAVE_INTERVAL = 500
@@ -37,7 +38,7 @@ def _as_int(name: str, value: Any, minimum: int | None = None, allow_none: bool 
         raise MltraceValueError(f"{name}={value!r} must be an integer, e.g. {name}=100")
     try:
         number = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: float("inf")
         raise MltraceValueError(f"{name}={value!r} must be an integer, e.g. {name}=100") from None
     if isinstance(value, float) and value != number:
         raise MltraceValueError(f"{name}={value!r} must be a whole number")
@@ -51,9 +52,35 @@ def _as_steps(value: Any) -> list[int]:
         return []
     if isinstance(value, str):
         value = [v for v in value.replace(" ", "").split(",") if v]
-    if not isinstance(value, Iterable):
+    # bytes and dicts are iterable, but their items are not the steps the user meant.
+    if not isinstance(value, Iterable) or isinstance(value, (bytes, bytearray, Mapping)):
         raise MltraceValueError(f"save_steps={value!r} must be a list of steps, e.g. [0, 10, 20]")
     return sorted({int(_as_int("save_steps entry", v, minimum=0)) for v in value})  # type: ignore[arg-type]
+
+
+def _as_names(name: str, value: Any) -> list[str]:
+    """Tensor names for ``when_nan``: one name or a list of names (a bare string is one name,
+    not a list of its characters)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, Iterable) or isinstance(value, (bytes, bytearray, Mapping)):
+        raise MltraceValueError(f"{name}={value!r} must be a list of tensor names, e.g. {name}=['loss']")
+    names = list(value)
+    for item in names:
+        if not isinstance(item, str) or not item:
+            raise MltraceValueError(
+                f"{name} entry {item!r} must be a non-empty tensor name, e.g. {name}=['loss']")
+    return names
+
+
+def _reject_unknown_attribute(obj: object, name: str, allowed: Iterable[str]) -> None:
+    """Setting a misspelt field (``save_intervl``) would be silently ignored: raise instead."""
+    if not name.startswith("_") and name not in allowed:
+        raise MltraceAttributeError(
+            f"{type(obj).__name__} has no setting {name!r}: use one of {', '.join(sorted(allowed))}"
+        )
 
 
 class SaveConfigMode:
@@ -81,7 +108,22 @@ class SaveConfigMode:
         self.start_step = 0 if start_step is None else start_step
         self.end_step = end_step
         self.save_steps = save_steps  # type: ignore[assignment]
-        self.when_nan = list(when_nan or [])
+        self.when_nan = when_nan  # type: ignore[assignment]
+
+    _PUBLIC = ("save_interval", "start_step", "end_step", "save_steps", "when_nan")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        _reject_unknown_attribute(self, name, self._PUBLIC)
+        object.__setattr__(self, name, value)
+
+    @property
+    def when_nan(self) -> list[str]:
+        """Tensor names: also save every step where one of them holds NaN."""
+        return self._when_nan
+
+    @when_nan.setter
+    def when_nan(self, value: Iterable[str] | str | None) -> None:
+        self._when_nan = _as_names("when_nan", value)
 
     # Validated setters keep the object mutable and always consistent.
     @property
@@ -128,10 +170,14 @@ class SaveConfigMode:
     @staticmethod
     def _check_range(start: int | None, end: int | None) -> None:
         # end_step=0 is how smdebug users switch a collection off, whatever its start_step.
-        if end is not None and end != 0 and start is not None and end < start:
+        # end_step == start_step would be an empty range: a silent "off" that is more likely a
+        # mistake than a choice, so it is rejected too (end_step=0 says "off" on purpose).
+        if end is not None and end != 0 and start is not None and end <= start:
+            where = "before" if end < start else "equal to"
             raise MltraceValueError(
-                f"end_step={end} is before start_step={start}: end_step is exclusive and must be "
-                f">= start_step (use end_step=0 to switch saving off)"
+                f"end_step={end} is {where} start_step={start}: end_step is exclusive, so nothing "
+                f"would be saved; use end_step > start_step, e.g. end_step={start + 1}, or "
+                "end_step=0 to switch saving off"
             )
 
     def should_save_step(self, step: int) -> bool:
@@ -211,24 +257,43 @@ class SaveConfig:
     ) -> None:
         base = SaveConfigMode(save_interval, start_step, end_step, save_steps, when_nan)
         modes: dict[ModeKeys, SaveConfigMode] = {m: base.copy() for m in ALLOWED_MODES}
+        if mode_save_configs is not None and not isinstance(mode_save_configs, Mapping):
+            raise MltraceValueError(
+                f"mode_save_configs={mode_save_configs!r} must be a dict {{mode: SaveConfigMode}}, "
+                "e.g. {modes.TRAIN: SaveConfigMode(save_interval=10)}"
+            )
         for mode, cfg in (mode_save_configs or {}).items():
+            if mode in SaveConfigMode._PUBLIC:
+                # {"save_interval": 10} is one mode's settings, not a dict of modes.
+                raise MltraceValueError(
+                    f"save config {dict(mode_save_configs)!r} has the setting {mode!r} where a mode "  # type: ignore[arg-type]
+                    f"belongs: use SaveConfig({mode}=...) for every mode, or "
+                    f"{{'TRAIN': {{{mode!r}: ...}}}} for one"
+                )
             mode = mode_from(mode)
             if isinstance(cfg, Mapping):
-                cfg = SaveConfigMode.from_dict(cfg, base.to_json_dict())
+                try:
+                    cfg = SaveConfigMode.from_dict(cfg, base.to_json_dict())
+                except MltraceValueError as exc:
+                    raise MltraceValueError(f"save config of mode {mode.name}: {exc}") from None
             if not isinstance(cfg, SaveConfigMode):
                 raise MltraceValueError(
                     f"mode_save_configs[{mode.name}]={cfg!r} must be a SaveConfigMode or a dict"
                 )
             if when_nan and not cfg.when_nan:
-                cfg.when_nan = list(when_nan)
+                cfg.when_nan = when_nan  # type: ignore[assignment]
             modes[mode] = cfg
         object.__setattr__(self, "mode_save_configs", modes)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in self._FIELDS or name == "when_nan":
+            # Validate once before changing any mode, so a bad value leaves every mode as it was.
             for cfg in self.mode_save_configs.values():
-                setattr(cfg, name, value if name != "when_nan" else list(value or []))
+                setattr(cfg.copy(), name, value)
+            for cfg in self.mode_save_configs.values():
+                setattr(cfg, name, value)
             return
+        _reject_unknown_attribute(self, name, (*self._FIELDS, "when_nan", "mode_save_configs"))
         object.__setattr__(self, name, value)
 
     def __getattr__(self, name: str) -> Any:
@@ -305,19 +370,29 @@ EXTRA_REDUCTIONS = ("median", "nan_count", "inf_count", "zero_fraction")
 ALL_REDUCTIONS = SMDEBUG_REDUCTIONS + SMDEBUG_NORMS + EXTRA_REDUCTIONS
 
 
-def _check_names(kind: str, names: Iterable[str], allowed: Iterable[str]) -> list[str]:
+def _check_names(kind: str, names: Iterable[str], allowed: Sequence[str], field: str = "") -> list[str]:
     if isinstance(names, str):
         names = [n for n in names.split(",") if n.strip()]
+    if not isinstance(names, Iterable) or isinstance(names, (bytes, bytearray, Mapping)):
+        raise MltraceValueError(
+            f"{field or kind}={names!r} must be a list of names, e.g. [{', '.join(map(repr, allowed[:2]))}]")
     out = []
     for name in names:
         name = str(name).strip()
         if name not in allowed:
+            hint = _did_you_mean(name, allowed)
             raise MltraceValueError(
-                f"unknown {kind} {name!r}: choose from {', '.join(allowed)}"
+                f"unknown {kind} {name!r}{hint}: choose from {', '.join(allowed)}"
             )
         if name not in out:
             out.append(name)
     return out
+
+
+def _did_you_mean(name: str, allowed: Sequence[str]) -> str:
+    """`` (did you mean 'mean'?)`` for the allowed name closest to a misspelt one, else ''."""
+    close = [a for a in allowed if a.lower() == name.lower()] or difflib.get_close_matches(name, allowed, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 class ReductionConfig:
@@ -345,16 +420,43 @@ class ReductionConfig:
         save_raw_tensor: bool = False,
         save_shape: bool = False,
     ) -> None:
-        scalar = SMDEBUG_REDUCTIONS + EXTRA_REDUCTIONS
-        self.reductions = _check_names("reduction", reductions or [], scalar)
-        self.abs_reductions = _check_names("abs reduction", abs_reductions or [], SMDEBUG_REDUCTIONS + ("median",))
-        self.norms = _check_names("norm", norms or [], SMDEBUG_NORMS)
-        self.abs_norms = _check_names("abs norm", abs_norms or [], SMDEBUG_NORMS)
-        for flag, value in (("save_raw_tensor", save_raw_tensor), ("save_shape", save_shape)):
-            if not isinstance(value, bool):
-                raise MltraceValueError(f"{flag}={value!r} must be True or False")
+        self.reductions = reductions  # type: ignore[assignment]  # each assignment is checked
+        self.abs_reductions = abs_reductions  # type: ignore[assignment]
+        self.norms = norms  # type: ignore[assignment]
+        self.abs_norms = abs_norms  # type: ignore[assignment]
         self.save_raw_tensor = save_raw_tensor
         self.save_shape = save_shape
+
+    # field -> (what the error calls it, the names allowed)
+    _LISTS: dict[str, tuple[str, tuple[str, ...]]] = {
+        "reductions": ("reduction", SMDEBUG_REDUCTIONS + EXTRA_REDUCTIONS),
+        "abs_reductions": ("abs reduction", SMDEBUG_REDUCTIONS + ("median",)),
+        "norms": ("norm", SMDEBUG_NORMS),
+        "abs_norms": ("abs norm", SMDEBUG_NORMS),
+    }
+    _FLAGS = ("save_raw_tensor", "save_shape")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Attributes stay plain and public, as smdebug's, but every assignment is checked.
+        if name in self._LISTS:
+            kind, allowed = self._LISTS[name]
+            value = _check_names(kind, [] if value is None else value, allowed, name)
+        elif name in self._FLAGS:
+            if not isinstance(value, bool):
+                raise MltraceValueError(f"{name}={value!r} must be True or False")
+        else:
+            _reject_unknown_attribute(self, name, (*self._LISTS, *self._FLAGS))
+        object.__setattr__(self, name, value)
+
+    def validate(self) -> None:
+        """Check the lists again: they can be changed in place (``config.reductions.append(...)``),
+        which no assignment sees. Hooks call this before their first step.
+
+        Raises:
+            MltraceValueError: an unknown reduction or norm, named with the valid ones.
+        """
+        for name in self._LISTS:
+            setattr(self, name, getattr(self, name))
 
     def items(self) -> list[tuple[str, bool]]:
         """Every (reduction name, abs) pair to compute, norms included, in smdebug's order."""
@@ -414,7 +516,8 @@ class ReductionConfig:
             else:
                 valid = list(SMDEBUG_REDUCTIONS + EXTRA_REDUCTIONS) + ["l1_norm", "l2_norm"]
                 raise MltraceValueError(
-                    f"unknown reduction {token!r}: use {', '.join(valid)} (any of them prefixed abs_)"
+                    f"unknown reduction {token!r}{_did_you_mean(base, valid)}: use "
+                    f"{', '.join(valid)} (any of them prefixed abs_)"
                 )
         return cls(red, abs_red, norms, abs_norms,
                    _flag("save_raw_tensor", params.get("save_raw_tensor", False)),

@@ -28,16 +28,25 @@ class MltraceRuntimeError(MltraceError, RuntimeError):
     """An operation cannot go on in the current state (e.g. out_dir holds a finished run)."""
 
 
+class MltraceAttributeError(MltraceError, AttributeError):
+    """An attribute that does not exist was set, e.g. a typo such as ``save_config.save_intervl``
+    (which would otherwise be silently ignored); the message lists the valid names."""
+
+
 class InvalidCollectionConfiguration(MltraceValueError):
     """A collection would match nothing: it has neither include regexes nor tensor names."""
 
-    def __init__(self, collection_name: str) -> None:
+    def __init__(self, collection_name: str, problem: str | None = None, did_you_mean: str | None = None) -> None:
         self.collection_name = collection_name
-        super().__init__(
-            f"collection {collection_name!r} has no include_regex and no tensor_names, so it "
-            "matches no tensor: call collection.include('<regex>') or add_tensor_name('<name>') "
-            "(or add_module_tensors for a module) before training"
-        )
+        if problem is None:
+            problem = (
+                f"collection {collection_name!r} has no include_regex and no tensor_names, so it "
+                "matches no tensor: call collection.include('<regex>') or add_tensor_name('<name>') "
+                "(or add_module_tensors for a module) before training"
+            )
+        if did_you_mean:
+            problem += f" (did you mean the collection {did_you_mean!r}?)"
+        super().__init__(problem)
 
 
 class CorruptRecordError(MltraceError, ValueError):
@@ -62,9 +71,18 @@ class IndexReaderException(MltraceError, ValueError):
 class MissingCollectionFiles(MltraceError, RuntimeError):
     """No collections file appeared under the trial within the wait allowed."""
 
-    def __init__(self, path: str = "", waited: float | None = None) -> None:
+    def __init__(self, path: str = "", waited: float | None = None,
+                 has_steps: bool = False) -> None:
         self.path = path
+        self.has_steps = has_steps
         hint = f" after waiting {waited:.1f}s" if waited is not None else ""
+        if has_steps:  # the data is there, only the collections file is gone
+            super().__init__(
+                f"trial {path!r} has index files but no collections/000000000/*_collections.json"
+                f"{hint}: the collections file was deleted or lost; restore it from the training "
+                "job's output (the hook writes it at its first step and again at close)"
+            )
+            return
         super().__init__(
             f"no trial data at {path!r}{hint}: expected collections/000000000/*_collections.json. "
             "Check the path (it is the hook's out_dir), or pass a longer wait, e.g. "
@@ -143,6 +161,24 @@ class InvalidWorker(MltraceError, ValueError):
     def __init__(self, worker: str) -> None:
         self.worker = worker
         super().__init__(f"worker {worker!r} is not in this trial; see trial.workers()")
+
+
+class TrialWriteError(MltraceError, OSError):
+    """A file of the trial (or of its TensorBoard export) could not be written, e.g. a full disk.
+
+    Only hooks built with ``strict=True`` raise it, from their next call after the background
+    write failed, or from ``close()``; other hooks log the failure once and go on (see
+    mltrace.writer). ``location`` is the file, ``cause`` what the storage raised.
+    """
+
+    def __init__(self, location: str, cause: BaseException) -> None:
+        self.location = location
+        self.cause = cause
+        super().__init__(
+            f"could not write {location}: {type(cause).__name__}: {cause}; free space or fix "
+            "the storage (a hook with strict=False logs this once, keeps training and writes "
+            "the next steps when it can)"
+        )
 
 
 class StopTrainingRequested(MltraceError):

@@ -9,10 +9,12 @@ Everything else, the save rules of smdebug included, lives here once.
 from __future__ import annotations
 
 import atexit
+import difflib
 import functools
 import importlib
 import json
 import logging
+import os
 import time
 import weakref
 from collections.abc import Callable, Iterable
@@ -58,7 +60,11 @@ def get_hook() -> BaseHook | None:
 
 def guarded(default: Any = None) -> Callable[[F], F]:
     """Wrap a method called from the user's training loop: an internal error is logged once and
-    disables the hook, so training goes on (unless the hook was built with ``strict=True``)."""
+    disables the hook, so training goes on (unless the hook was built with ``strict=True``).
+
+    Failures outside mltrace's own code are not internal errors and keep the hook saving: a file
+    that cannot be written (full disk; see mltrace.writer) and a sink that raises are logged
+    once, and the next steps are tried again."""
 
     def decorate(fn: F) -> F:
         @functools.wraps(fn)
@@ -104,7 +110,12 @@ class BaseHook:
         include_collections: names of collections to save (the default-saved ones are added).
         save_all: save every tensor the hook sees (collection ``all``).
         include_workers: "one" (only the chief writes) or "all".
-        strict: re-raise mltrace's internal errors instead of disabling the hook.
+        strict: raise instead of going on: an internal error of mltrace (which otherwise
+            disables the hook), a file that could not be written (a TrialWriteError, from the
+            next step boundary after the background write failed, or from ``close()``; without
+            strict the failure is logged once and the next steps are written as usual, so a
+            disk that gets space again gets them), and a sink's error (otherwise logged once
+            per sink). Files kept in the spill folder during an S3 outage are not errors.
         mlflow: log to MLflow too: True (the active run, or a new one), or a dict of options
             for mlflow_plugin (``experiment``, ``run_name``, ``tracking_uri``, ``run_id``).
         stop_check_interval: seconds between looks for a rule's stop signal (never per step).
@@ -155,6 +166,8 @@ class BaseHook:
         self.reduction_config = reduction_config or ReductionConfig(save_raw_tensor=True)
         self.collection_manager = collection_manager
         self.storage = open_storage(out_dir)
+        if not self.dry_run:
+            _check_local_out_dir(out_dir, self.storage.local_path(paths.END_OF_JOB_MARKER))
         if not self.dry_run and self.storage.exists(paths.END_OF_JOB_MARKER):
             raise MltraceRuntimeError(
                 f"out_dir {out_dir!r} holds a finished run ({paths.END_OF_JOB_MARKER} exists): "
@@ -163,7 +176,7 @@ class BaseHook:
 
         self.default_saved_collections = list(default_saved_collections)
         names = list(default_include_collections) if include_collections is None else (
-            [include_collections] if isinstance(include_collections, str) else list(include_collections))
+            _collection_names(include_collections))
         self.include_collections = list(dict.fromkeys(names + self.default_saved_collections))
         self.save_all = bool(save_all)
         if include_regex:
@@ -192,6 +205,7 @@ class BaseHook:
         self._nan_buffer: list[tuple[str, np.ndarray, tuple[Collection, ...]]] = []
         self._nan_seen = False
         self._unsupported: set[str] = set()
+        self._warned_missing: set[str] = set()  # include_collections names already warned about
         self._rules_key: tuple[Any, ...] | None = None
         self._rules_cache: dict[ModeKeys, list[tuple[Collection, Any]]] = {}
         self._disabled = False
@@ -203,6 +217,7 @@ class BaseHook:
         self.tensorboard: TensorBoardWriter | None = None
         self._step_mode = ModeKeys.GLOBAL
         self.sinks: list[Any] = []
+        self._sink_errors: dict[int, int] = {}  # id(sink) -> errors so far (the first is logged)
         self.stop_requested: dict[str, Any] | None = None
         # Local trials are checked every second; remote ones every 5 s (one request each time).
         self.stop_check_interval = stop_check_interval if stop_check_interval is not None else (
@@ -247,21 +262,43 @@ class BaseHook:
         for name, coll in self.collection_manager.get_collections().items():
             self._adopt(coll)
             if name not in defaults and not coll.include_regex and not coll.tensor_names:
-                raise InvalidCollectionConfiguration(name)
+                usable = [n for n, c in self.collection_manager.get_collections().items()
+                          if n != name and (c.include_regex or c.tensor_names)]
+                raise InvalidCollectionConfiguration(
+                    name, did_you_mean=next(iter(difflib.get_close_matches(name, usable, n=1)), None))
+            try:  # lists changed in place (config.reductions.append) were never checked
+                coll.effective_reduction_config().validate()
+            except MltraceValueError as exc:
+                raise InvalidCollectionConfiguration(name, f"collection {name!r}: {exc}") from None
             if name in NON_REDUCTION_COLLECTIONS:
                 coll.save_histogram = False
                 coll.reduction_config = ReductionConfig(save_raw_tensor=True)
             if saving_all or name in self.include_collections:
                 self._collections_to_save.append(coll)
-        missing = [n for n in self.include_collections if n not in self.collection_manager.collections]
-        if missing:
-            logger.warning("include_collections names %s, which no collection has: nothing is saved "
-                           "for them (create them with hook.get_collection(name).include(regex))", missing)
+        self._warn_missing_collections()
         self._tensor_collections.clear()
         self._nan_watch = set().union(*(c.effective_save_config().watched_nan_tensors()
                                         for c in self._collections_to_save)) | self.save_config.watched_nan_tensors()
         self._prepared = True
         logger.info("Monitoring the collections: %s", ", ".join(c.name for c in self._collections_to_save))
+
+    def _warn_missing_collections(self) -> None:
+        """One warning (per name) for include_collections names that no collection has when the
+        first step starts. A warning, not an error: smdebug users may still fill such a
+        collection later, with ``hook.save_tensor(name, value, collections_to_write=...)``."""
+        known = self.collection_manager.collections
+        missing = [n for n in self.include_collections if n not in known and n not in self._warned_missing]
+        if not missing:
+            return
+        self._warned_missing.update(missing)
+        hints = "".join(f" Did you mean {close[0]!r} for {n!r}?" for n in missing
+                        if (close := difflib.get_close_matches(n, list(known), n=1)))
+        logger.warning(
+            "include_collections names %s, but no collection of that name existed when the first "
+            "step started, so nothing is saved for it.%s Known collections: %s. Create a collection "
+            "before training with hook.get_collection(name).include(regex); "
+            "hook.save_tensor(tensor_name, value, collections_to_write=name) also creates one later.",
+            missing, hints, ", ".join(sorted(known)))
 
     def _builtin_collection_names(self) -> set[str]:
         return {CollectionKeys.ALL, CollectionKeys.DEFAULT}
@@ -291,6 +328,8 @@ class BaseHook:
         """
         if step is not None and step <= self.step:
             raise MltraceValueError(f"_begin_step(step={step}): steps only go up; the current step is {self.step}")
+        if self.strict:
+            self._raise_write_failure(self.writer, self.tensorboard)
         self._end_step()
         if not self._prepared:
             self._prepare_collections()
@@ -445,6 +484,8 @@ class BaseHook:
             self._write_tensor_parts(name, value, array, colls, on_host)
         except MltraceTypeError as exc:
             # One odd tensor (say, a quantized dtype) must not stop the others from being saved.
+            if self.strict:
+                raise
             if name not in self._unsupported:
                 self._unsupported.add(name)
                 logger.warning("not saving tensor %r: %s", name, exc)
@@ -468,9 +509,7 @@ class BaseHook:
         if save_raw and array is not None and array.size:
             self._write_record(name, array)
             if self.sinks and any(c.name in METRIC_COLLECTIONS for c in colls):
-                value = float(np.mean(array))
-                for sink in self.sinks:
-                    sink.log_scalar(name, value, self.mode, self.mode_steps[self.mode])
+                self._log_to_sinks(name, float(np.mean(array)), self.mode_steps[self.mode])
         if self.tensorboard is not None:
             self._export_summaries(name, value, array, colls, on_host)
         if array is not None and name in self._nan_watch and array.dtype.kind in "fc" and np.isnan(array).any():
@@ -505,18 +544,45 @@ class BaseHook:
         Scalars also go to the tracking sinks (MLflow), whatever ``sm_metric`` says (smdebug
         sent ``sm_metric=True`` scalars to SageMaker Metrics).
         """
+        check_tensor_name(name, "save_scalar name")
         array = self._to_numpy(value)
         if array.size != 1:
             raise MltraceValueError(f"save_scalar({name!r}): value has {array.size} elements; pass one number")
         self._pending_scalars.append((SCALAR_PREFIX + name, array, timestamp))
+        if self.sinks:
+            step = max(self.mode_steps[self.mode], 0)
+            self._log_to_sinks(name, float(array.reshape(-1)[0]), step)
+
+    def _log_to_sinks(self, name: str, value: float, mode_step: int) -> None:
+        """Hand a scalar to every sink. A sink that raises is the sink's problem, not the
+        trial's: its first error is logged, the rest are counted (summed up at close), it is
+        called again next time, and tensors are saved as usual; strict hooks re-raise."""
         for sink in self.sinks:
-            sink.log_scalar(name, float(array.reshape(-1)[0]), self.mode, max(self.mode_steps[self.mode], 0))
+            try:
+                sink.log_scalar(name, value, self.mode, mode_step)
+            except Exception as exc:
+                if self.strict:
+                    raise
+                count = self._sink_errors[id(sink)] = self._sink_errors.get(id(sink), 0) + 1
+                if count == 1:
+                    logger.error("sink %r failed to log %r (the trial is still saved; further "
+                                 "errors of this sink are counted): %s: %s. Pass strict=True to "
+                                 "raise instead.", sink, name, type(exc).__name__, exc)
+
+    def _raise_write_failure(self, *writers: Any) -> None:
+        """Raise the first file that ``writers`` (a TrialWriter, a TensorBoardWriter) could not
+        write since the last look, for strict hooks; each failure is raised once."""
+        for writer in writers:
+            failure = writer.take_failure() if writer is not None else None
+            if failure is not None:
+                raise failure
 
     @guarded()
     def save_tensor(self, tensor_name: str, tensor_value: Any, collections_to_write: str | Iterable[str] = "default") -> None:
         """Save a tensor of your own into the named collections (created if needed) this step,
         if one of them is due."""
-        names = [collections_to_write] if isinstance(collections_to_write, str) else list(collections_to_write)
+        check_tensor_name(tensor_name, "save_tensor name")
+        names = _collection_names(collections_to_write, "collections_to_write")
         added = False
         for cname in names:
             coll = self.get_collection(cname)
@@ -556,39 +622,59 @@ class BaseHook:
             logger.debug("closing after an internal error failed", exc_info=True)
 
     def close(self) -> None:
-        """Write the last step, the collections and the end marker; also runs at interpreter exit."""
+        """Write the last step, the collections and the end marker; also runs at interpreter exit.
+
+        Raises:
+            mltrace.exceptions.TrialWriteError: with ``strict=True``, a file that could not be
+                written and was not raised yet (everything else was still written and closed).
+            Exception: with ``strict=True``, the first error of a sink's ``close()`` (every sink
+                was still closed).
+        """
         if self._closed:
             return
+        writers = (self.writer, self.tensorboard)
         try:
             if not self._disabled:
                 self._finish(write_end_marker=True)
         finally:
             self._closed = True
+        if self.strict:
+            self._raise_write_failure(*writers)
 
     def _finish(self, write_end_marker: bool) -> None:
         try:
-            if self.writer is None:
-                if not self._prepared and not self.dry_run and not self._disabled and self.step < 0:
-                    return  # never started: leave no files
-                if self.writer is None:
-                    return
-            self._end_step()
-            self._export_collections()
-            if self.tensorboard is not None:
-                self.tensorboard.close()
-                self.tensorboard = None
-            if write_end_marker:
-                self.writer.write_end_marker()
-            self.writer.close()
-            self.writer = None
+            # No writer: never started (leave no files), a dry run, or another worker's trial.
+            if self.writer is not None:
+                self._end_step()
+                self._export_collections()
+                if self.tensorboard is not None:
+                    self.tensorboard.close()
+                    self.tensorboard = None
+                if write_end_marker:
+                    self.writer.write_end_marker()
+                self.writer.close()
+                self.writer = None
         finally:
             # Sinks close last, also when nothing was written: they upload the trial's files
             # (MLflow artifacts), so those must be on storage first; and they end their runs.
-            for sink in self.sinks:
-                try:
-                    sink.close()
-                except Exception as exc:
-                    logger.error("sink %s failed at close: %s", sink, exc)
+            sink_error = self._close_sinks()
+        if sink_error is not None and self.strict:
+            raise sink_error
+
+    def _close_sinks(self) -> Exception | None:
+        """Close every sink, each even if another fails; return the first error (logged)."""
+        first: Exception | None = None
+        for sink in self.sinks:
+            errors = self._sink_errors.get(id(sink), 0)
+            if errors > 1:
+                logger.error("sink %r failed %d times during the run (the first is logged above)",
+                             sink, errors)
+            try:
+                sink.close()
+            except Exception as exc:
+                logger.error("sink %s failed at close: %s", sink, exc)
+                first = first or exc
+        return first
 
     def __getstate__(self) -> dict[str, Any]:
         # As smdebug: a pickled hook (DataLoader workers, multiprocessing) carries nothing.
@@ -625,6 +711,65 @@ def _load_sink(kind: str, hook: BaseHook, options: Any) -> Any:
             f"mlflow=... needs MLflow: pip install 'mltrace[mlflow]' ({exc})"
         ) from None
     return module.create_sink(hook, {} if options is True else dict(options))
+
+
+def check_tensor_name(name: Any, what: str = "tensor name") -> str:
+    """Return ``name`` if it can name a tensor in a trial, else raise naming the fix.
+
+    Any non-empty ``str`` that UTF-8 can encode is kept exactly ('/', '..', newlines and NUL
+    included): names live inside the events and index files, never in file paths. Lone
+    surrogates (e.g. from ``os.fsdecode`` of undecodable bytes) cannot be stored.
+
+    Raises:
+        MltraceTypeError: not a str.
+        MltraceValueError: empty, or not encodable as UTF-8.
+    """
+    if not isinstance(name, str):
+        raise MltraceTypeError(f"{what} {name!r} is of type {type(name).__name__}: pass a str, e.g. 'loss'")
+    if not name:
+        raise MltraceValueError(f"{what} is empty: pass a non-empty str, e.g. 'loss'")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise MltraceValueError(
+            f"{what} {name!r} cannot be stored as UTF-8 ({exc.reason} at index {exc.start}): remove "
+            "that character, e.g. name.encode('utf-8', 'replace').decode()"
+        ) from None
+    return name
+
+
+def _collection_names(value: Any, what: str = "include_collections") -> list[str]:
+    """Collection names from one name or a list of them, each a non-empty str."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, Iterable) or isinstance(value, (bytes, bytearray, dict)):
+        raise MltraceValueError(f"{what}={value!r} must be a collection name or a list of them, e.g. ['weights']")
+    names = list(value)
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise MltraceValueError(
+                f"{what} entry {name!r} must be a non-empty collection name, e.g. 'weights'")
+    return names
+
+
+def _check_local_out_dir(out_dir: str, marker_path: str | None) -> None:
+    """Fail at construction, not at the first write, when a local out_dir cannot hold a trial:
+    it (or the nearest existing folder above it) is a file, or this process may not write there.
+    ``marker_path`` is a file's path inside out_dir (None for remote storage: not checked)."""
+    if marker_path is None:
+        return
+    root = probe = os.path.dirname(marker_path)
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        where = "is a file" if probe == root else f"is inside {probe!r}, which is a file"
+        raise MltraceValueError(f"out_dir {out_dir!r} {where}: pass the path of a directory (new or existing)")
+    effective = os.access in os.supports_effective_ids
+    if not os.access(probe, os.W_OK | os.X_OK, effective_ids=effective):
+        raise MltraceValueError(
+            f"out_dir {out_dir!r} cannot be written: this process (uid {os.geteuid()}) may not create "
+            f"files in {probe!r}; pass a directory you can write to, or fix its permissions"
+        )
 
 
 def as_numpy(value: Any) -> np.ndarray:

@@ -15,7 +15,9 @@ rejected with a message naming the key, the value and the fix.
 
 from __future__ import annotations
 
+import difflib
 import json
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,7 +27,12 @@ from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode, parse_fl
 from mltrace.exceptions import MltraceValueError
 from mltrace.modes import ModeKeys
 
+logger = logging.getLogger(__name__)
+
 CONFIG_ENV_VARS = ("MLTRACE_CONFIG_FILE_PATH", "SMDEBUG_CONFIG_FILE_PATH")
+#: Top-level keys: ours, and the S3 ones SageMaker writes into the same file (read by no hook).
+TOP_LEVEL_KEYS = ("LocalPath", "HookParameters", "CollectionConfigurations", "S3OutputPath", "S3Path")
+COLLECTION_ENTRY_KEYS = frozenset({"CollectionName", "CollectionParameters"})
 _SAVE_KEYS = ("save_interval", "save_steps", "start_step", "end_step")
 _MODE_PREFIXES = {"train.": ModeKeys.TRAIN, "eval.": ModeKeys.EVAL,
                   "predict.": ModeKeys.PREDICT, "global.": ModeKeys.GLOBAL}
@@ -112,11 +119,30 @@ def _split(value: Any) -> list[str]:
 
 
 def _check_keys(params: Mapping[str, Any], allowed: frozenset[str], where: str) -> None:
-    unknown = sorted(set(params) - allowed)
+    unknown = sorted(set(params) - allowed, key=str)
     if unknown:
+        close = difflib.get_close_matches(str(unknown[0]), sorted(allowed), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise MltraceValueError(
-            f"{where}: unknown key(s) {unknown}; allowed keys are {sorted(allowed)}"
+            f"{where}: unknown key(s) {unknown}{hint}; allowed keys are {sorted(allowed)}"
         )
+
+
+def _check_top_level_keys(doc: Mapping[str, Any], path: str) -> None:
+    """A misspelt top-level key (``HookParameter``) would drop its whole section silently, so it
+    is an error; other unknown keys (files SageMaker or other tools wrote) are logged and ignored."""
+    for key in doc:
+        if key in TOP_LEVEL_KEYS:
+            continue
+        # Case-blind and close (one or two letters off): RuleConfigurations, which SageMaker
+        # tools may write, is not taken for CollectionConfigurations.
+        close = [k for k in TOP_LEVEL_KEYS
+                 if difflib.SequenceMatcher(None, str(key).lower(), k.lower()).ratio() >= 0.9]
+        if close:
+            raise MltraceValueError(
+                f"{path}: unknown top-level key {key!r} (did you mean {close[0]!r}?); "
+                f"allowed keys are {list(TOP_LEVEL_KEYS)}")
+        logger.warning("%s: ignoring the top-level key %r; mltrace reads %s", path, key, list(TOP_LEVEL_KEYS))
 
 
 def parse_hook_config(doc: Mapping[str, Any], path: str = "<dict>",
@@ -129,6 +155,7 @@ def parse_hook_config(doc: Mapping[str, Any], path: str = "<dict>",
     """
     if not isinstance(doc, Mapping):
         raise MltraceValueError(f"{path}: the configuration must be a JSON object")
+    _check_top_level_keys(doc, path)
     params = doc.get("HookParameters") or {}
     if not isinstance(params, Mapping):
         raise MltraceValueError(f"{path}: HookParameters must be an object, got {params!r}")
@@ -136,6 +163,8 @@ def parse_hook_config(doc: Mapping[str, Any], path: str = "<dict>",
     out_dir = doc.get("LocalPath")
     if not out_dir:
         raise MltraceValueError(f"{path}: LocalPath (the hook's out_dir) is missing")
+    if not isinstance(out_dir, str):
+        raise MltraceValueError(f"{path}: LocalPath={out_dir!r} must be a string, the hook's out_dir")
     kwargs: dict[str, Any] = {"out_dir": out_dir}
     where = f"{path} HookParameters"
     for flag in ("save_all", "export_tensorboard", "dry_run", "strict"):
@@ -164,14 +193,22 @@ def parse_hook_config(doc: Mapping[str, Any], path: str = "<dict>",
         kwargs["reduction_config"] = reduction_config
 
     collections: dict[str, dict[str, Any]] = {}
-    for i, entry in enumerate(doc.get("CollectionConfigurations") or []):
+    entries = doc.get("CollectionConfigurations") or []
+    if not isinstance(entries, list):
+        raise MltraceValueError(
+            f"{path}: CollectionConfigurations must be a list of {{CollectionName, "
+            f"CollectionParameters}} objects, got {entries!r}")
+    for i, entry in enumerate(entries):
         if not isinstance(entry, Mapping) or not entry.get("CollectionName"):
             raise MltraceValueError(
                 f"{path}: CollectionConfigurations[{i}] must be an object with CollectionName"
             )
+        _check_keys(entry, COLLECTION_ENTRY_KEYS, f"{path} CollectionConfigurations[{i}]")
         name = str(entry["CollectionName"])
         cparams = entry.get("CollectionParameters") or {}
         cwhere = f"{path} collection {name!r}"
+        if not isinstance(cparams, Mapping):
+            raise MltraceValueError(f"{cwhere}: CollectionParameters must be an object, got {cparams!r}")
         _check_keys(cparams, COLLECTION_KEYS, cwhere)
         settings: dict[str, Any] = {}
         if "include_regex" in cparams:

@@ -24,7 +24,8 @@ def mode_from(value: ModeKeys | str | int) -> ModeKeys:
     """Accept a ModeKeys, its name in any case ("train"), or its value (1) and return the ModeKeys.
 
     Raises:
-        ValueError: for anything else, naming the value and the allowed ones.
+        mltrace.exceptions.MltraceValueError: for anything else (a ValueError), naming the value
+            and the allowed ones.
     """
     if isinstance(value, ModeKeys):
         return value
@@ -35,7 +36,10 @@ def mode_from(value: ModeKeys | str | int) -> ModeKeys:
             return ModeKeys(value)
         except ValueError:
             pass
-    raise ValueError(f"unknown mode {value!r}: use one of {ALLOWED_MODE_NAMES} (mltrace.modes)")
+    # Imported here: mltrace.exceptions imports this module.
+    from mltrace.exceptions import MltraceValueError
+
+    raise MltraceValueError(f"unknown mode {value!r}: use one of {ALLOWED_MODE_NAMES} (mltrace.modes)")
 
 
 # smdebug users write `smd.modes.TRAIN`: the module itself stands for the enum there.

@@ -32,7 +32,7 @@ from mltrace.collections import CollectionKeys, PendingCollections, manager_with
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
 from mltrace.exceptions import MltraceTypeError, MltraceValueError
 from mltrace.format.tensors import BFloat16Bits
-from mltrace.hook import BaseHook, as_numpy, get_hook, guarded
+from mltrace.hook import BaseHook, as_numpy, check_tensor_name, get_hook, guarded
 from mltrace.json_config import create_hook_from_config
 from mltrace.reductions import canonical_name
 from mltrace.trials import create_trial
@@ -158,7 +158,11 @@ class Hook(BaseHook):
         if any(module is m for m in self._modules):
             raise MltraceValueError("this module is already registered with the hook; register it once")
         root = module._get_name()
-        for name, sub in module.named_modules():
+        named = list(module.named_modules())
+        for name, _ in named:  # torch allows names no trial can store (lone surrogates)
+            if name:
+                check_tensor_name(name, "module name")
+        for name, sub in named:
             sub._mltrace_name = name  # type: ignore[assignment]
         module._mltrace_name = root  # type: ignore[assignment]
         self._modules.append(module)
@@ -270,6 +274,7 @@ class Hook(BaseHook):
     @guarded()
     def record_tensor_value(self, tensor_name: str, tensor_value: torch.Tensor) -> None:
         """Save a value computed outside a module (a functional loss) as ``<name>_output_0``."""
+        check_tensor_name(tensor_name, "record_tensor_value name")
         if not isinstance(tensor_value, torch.Tensor):
             raise MltraceTypeError(f"record_tensor_value({tensor_name!r}) needs a torch.Tensor")
         if self.step_active:
@@ -281,7 +286,13 @@ class Hook(BaseHook):
             return as_numpy(value)
         if value.dtype == torch.bfloat16:
             return value.detach().cpu().view(torch.uint16).numpy().view(BFloat16Bits)
-        return value.numpy(force=True)  # detach, host copy and conj/neg resolution in one call
+        try:
+            return value.numpy(force=True)  # detach, host copy and conj/neg resolution in one call
+        except TypeError as exc:  # quantized, float8, complex32: dtypes numpy does not have
+            raise MltraceTypeError(
+                f"cannot save a tensor of dtype {value.dtype}: {exc} (numpy has no such dtype; "
+                "save a converted copy: tensor.float(), or tensor.dequantize() if quantized)"
+            ) from exc
 
     def _reduce(self, value: Any, items: list[tuple[str, bool]]) -> list[np.ndarray | None]:
         # Complex tensors and huge medians take numpy's path on the host.
@@ -290,11 +301,14 @@ class Hook(BaseHook):
             return super()._reduce(value, items)
         if value.numel() == 0:
             return [None] * len(items)
+        if value.is_quantized:
+            raise MltraceTypeError(f"cannot reduce a quantized tensor ({value.dtype}); save "
+                                   "tensor.dequantize() instead")
         t = value.detach().reshape(-1)
         if not t.is_floating_point():
             t = t.double()  # ints and bools reduce in float64, as numpy's definition here says
-        elif t.dtype in (torch.float16, torch.bfloat16):
-            t = t.float()
+        elif t.dtype in (torch.float16, torch.bfloat16) or t.element_size() == 1:
+            t = t.float()  # float8 too: torch has few operators for it
         names = [canonical_name(name) for name, _ in items]
         outs = [_torch_reduction(t, name, abs_).double() for name, (_, abs_) in zip(names, items)]
         host = torch.stack(outs).cpu().numpy()  # one device-to-host copy per tensor

@@ -51,20 +51,26 @@ class SpillDir:
         return len(self._pending)
 
     def add(self, key: str, data: bytes) -> None:
-        """Append one file (fsync-free; a crash loses at most what the OS had not written)."""
+        """Append one file (fsync-free; a crash loses at most what the OS had not written).
+
+        Raises:
+            OSError: the spill's disk refused it (full, say); nothing of the entry is left.
+        """
         with self._lock:
             os.makedirs(self.path, exist_ok=True)
-            if self._seq == 0 or not os.path.exists(os.path.join(self.path, "destination.json")):
-                with open(os.path.join(self.path, "destination.json"), "w") as f:
-                    json.dump({"uri": self.uri}, f)
+            destination = os.path.join(self.path, "destination.json")
+            if self._seq == 0 or not os.path.exists(destination):
+                _write_whole(destination, json.dumps({"uri": self.uri}).encode())
             seq = self._seq
             self._seq += 1
             base = os.path.join(self.path, f"{seq:012d}")
-            with open(base + ".key", "w", encoding="utf-8") as f:
-                f.write(key)
-            with open(base + ".tmp", "wb") as f:
-                f.write(data)
-            os.replace(base + ".tmp", base + ".bin")  # .bin appears last: the entry is complete
+            try:
+                with open(base + ".key", "w", encoding="utf-8") as f:
+                    f.write(key)
+                _write_whole(base + ".bin", data)  # .bin appears last: the entry is complete
+            except OSError:
+                _remove(base + ".key")
+                raise
             self._pending.append(seq)
 
     def drain(self, storage: Storage) -> int:
@@ -105,6 +111,25 @@ class SpillDir:
             except OSError:
                 pass
         return done
+
+
+def _write_whole(path: str, data: bytes) -> None:
+    """Write ``path`` through a temp file and rename: it appears whole or not at all."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        _remove(tmp)
+        raise
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
 
 
 def upload_spill(path: str) -> int:

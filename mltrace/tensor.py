@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 from mltrace.exceptions import (
+    CorruptRecordError,
     InvalidWorker,
     ShapeUnavailableForStep,
     TensorUnavailableForStep,
@@ -16,6 +18,8 @@ from mltrace.reductions import canonical_name, compute
 
 if TYPE_CHECKING:
     from mltrace.trials import Trial
+
+T = TypeVar("T")
 
 
 class Tensor:
@@ -68,7 +72,9 @@ class Tensor:
             TensorUnavailableForStep: not saved at that step (maybe only reductions were).
             StepUnavailable, NoMoreData: the step itself was never saved / training ended.
         """
-        mode = mode_from(mode)
+        return self._reading(step_num, mode, lambda: self._value(step_num, mode_from(mode), worker))
+
+    def _value(self, step_num: int, mode: ModeKeys, worker: str | None) -> np.ndarray:
         g = self._global(step_num, mode)
         entries = self.trial._entries(self.name)
         by_worker = entries.values.get(g)
@@ -89,9 +95,10 @@ class Tensor:
                 wanted.append((step, by_worker[self._pick_worker(by_worker, worker)]))
         try:  # one batch: remote stores fetch the records in parallel
             records = self.trial._read_tensors([loc for _, loc in wanted])  # type: ignore[misc]
-        except FileNotFoundError:
+            return {step: self.trial._decode_record(rec, loc)  # type: ignore[arg-type]
+                    for (step, loc), rec in zip(wanted, records)}
+        except (FileNotFoundError, CorruptRecordError):  # one by one, each with value()'s checks
             return {step: self.value(step, mode, worker) for step, _ in wanted}
-        return {step: self.trial._decode_record(rec, loc) for (step, loc), rec in zip(wanted, records)}  # type: ignore[arg-type]
 
     def reduction_value(
         self, step_num: int, reduction_name: str, mode: ModeKeys | str = ModeKeys.GLOBAL,
@@ -104,6 +111,11 @@ class Tensor:
         """
         mode = mode_from(mode)
         name = canonical_name(reduction_name)
+        return self._reading(step_num, mode,
+                             lambda: self._reduction_value(step_num, name, mode, worker, abs))
+
+    def _reduction_value(self, step_num: int, name: str, mode: ModeKeys, worker: str | None,
+                         abs: bool) -> np.ndarray:
         g = self._global(step_num, mode)
         entries = self.trial._entries(self.name)
         stored = entries.reductions.get(g)
@@ -122,6 +134,10 @@ class Tensor:
                          worker: str | None = None) -> dict[tuple[str, bool], np.ndarray]:
         """{(reduction, abs): value} of the reductions stored at ``step_num``."""
         mode = mode_from(mode)
+        return self._reading(step_num, mode, lambda: self._reduction_values(step_num, mode, worker))
+
+    def _reduction_values(self, step_num: int, mode: ModeKeys,
+                          worker: str | None) -> dict[tuple[str, bool], np.ndarray]:
         g = self._global(step_num, mode)
         stored = self.trial._entries(self.name).reductions.get(g) or {}
         if not stored:
@@ -143,6 +159,18 @@ class Tensor:
         raise ShapeUnavailableForStep(self.name, step_num, mode)
 
     # -- helpers ----------------------------------------------------------------------------------
+    def _reading(self, step: int, mode: ModeKeys | str, read: Callable[[], T]) -> T:
+        """``read()``; once more if a record failed its check because its step was rewritten
+        after the trial indexed it (a job restarted into the out_dir, see Trial._reload_step).
+        If the step is being rewritten right now, the second read raises as for a missing step."""
+        try:
+            return read()
+        except CorruptRecordError:
+            g = self.trial._index.to_global(step, mode_from(mode))
+            if g is None or not self.trial._reload_step(g):
+                raise
+        return read()
+
     def _global(self, step: int, mode: ModeKeys) -> int:
         g = self.trial._index.to_global(step, mode)
         if g is None:

@@ -14,6 +14,12 @@ background thread: histogram binning, encoding, and the disk writes, flushed eve
 ``flush_secs`` and at close. The queue is bounded, so a training loop that outruns the disk
 waits instead of losing summaries.
 
+A flush that fails (a full disk) leaves no partial record: the appended file is cut back to its
+previous size (a new file is removed), the first failure is logged with the file and the cause,
+later ones are counted and summed up at close, and the summaries of that flush are dropped. The
+writer keeps going: the next flush appends again, so summaries reappear once the disk has space.
+A hook built with ``strict=True`` raises the failure instead (``take_failure``).
+
 Histograms are binned like torch's ``SummaryWriter.add_histogram(bins="tensorflow")`` (TF's
 exponential buckets, +-1e-12 growing by 1.1 up to 1e20, plus 0; empty outer buckets trimmed;
 values beyond +-1e20 fall outside, as there), so the bytes equal torch's for the same values.
@@ -34,6 +40,7 @@ import time
 
 import numpy as np
 
+from mltrace.exceptions import TrialWriteError
 from mltrace.format import paths
 from mltrace.format.events import (
     encode_file_version_event,
@@ -53,6 +60,8 @@ DEFAULT_FLUSH_SECS = 5.0
 REMOTE_FLUSH_SECS = 60.0
 #: A mode's buffer is written out early once it holds this many bytes.
 MAX_BUFFER_BYTES = 4 << 20
+#: Failure messages kept (the rest are counted), as mltrace.writer.KEPT_ERRORS.
+KEPT_ERRORS = 100
 _STOP = object()
 _FLUSH = object()
 _file_counter = itertools.count()
@@ -128,7 +137,11 @@ class TensorBoardWriter:
         self._buffers: dict[ModeKeys, bytearray] = {}
         self._files: dict[ModeKeys, str] = {}
         self._closed = False
+        #: the first KEPT_ERRORS failure messages (see error_count).
         self.errors: list[str] = []
+        #: how many encodes and flushes failed.
+        self.error_count = 0
+        self._failure: TrialWriteError | None = None
         self.events_written = 0
 
     # -- training thread ------------------------------------------------------------------------
@@ -169,8 +182,15 @@ class TensorBoardWriter:
             self._queue.put(_STOP)
             self._thread.join()
         self._thread = None
-        if len(self.errors) > 1:
-            logger.error("%d TensorBoard writes to %s failed; first: %s", len(self.errors), self.location, self.errors[0])
+        if self.error_count > 1:
+            logger.error("%d TensorBoard writes to %s failed; first: %s", self.error_count,
+                         self.location, self.errors[0])
+
+    def take_failure(self) -> TrialWriteError | None:
+        """The first failed flush since the last call (for ``strict=True`` hooks to raise), or
+        None."""
+        failure, self._failure = self._failure, None
+        return failure
 
     # -- background thread ----------------------------------------------------------------------
     def _run(self) -> None:
@@ -228,30 +248,59 @@ class TensorBoardWriter:
         if not buffer:
             return
         header = frame_record(encode_file_version_event(time.time()), real_crc=True)
+        key = self._files.get(mode)
         try:
             if self._local:
-                key = self._files.get(mode)
                 if key is None:
-                    key = self._files[mode] = self._new_file_key(mode)
+                    key = self._new_file_key(mode)
                     data = header + buffer
                 else:
                     data = bytes(buffer)
-                path = self.storage.local_path(key)
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                with open(path, "ab") as f:
-                    f.write(data)
+                _append_whole(self.storage.local_path(key), data)  # type: ignore[arg-type]
+                self._files[mode] = key  # only once its header is there
             else:
                 # No appends on object stores: each flush is a new, complete file that sorts after
                 # the previous one, which is what TensorBoard's loader expects of a growing run.
-                self.storage.write(self._new_file_key(mode), header + buffer)
+                key = self._new_file_key(mode)
+                self.storage.write(key, header + buffer)
         except Exception as exc:
-            self._error(f"could not write TensorBoard summaries to {self.location}: {type(exc).__name__}: {exc}")
+            where = f"{self.location.rstrip('/')}/{key}" if key else self.location
+            self._error(f"could not write TensorBoard summaries to {where}: "
+                        f"{type(exc).__name__}: {exc}", TrialWriteError(where, exc))
         buffer.clear()
 
-    def _error(self, message: str) -> None:
-        if not self.errors:
-            logger.error("%s (further errors are counted and reported at close)", message)
-        self.errors.append(message)
+    def _error(self, message: str, failure: TrialWriteError | None = None) -> None:
+        if not self.error_count:
+            logger.error("%s (the export goes on; further errors are counted and reported at "
+                         "close)", message)
+        self.error_count += 1
+        if len(self.errors) < KEPT_ERRORS:
+            self.errors.append(message)
+        if failure is not None and self._failure is None:
+            self._failure = failure
+
+
+def _append_whole(path: str, data: bytes) -> None:
+    """Append ``data`` to ``path`` entirely or not at all: after a failed write (a full disk) the
+    file is cut back to its previous size (removed if it was new), so that TensorBoard never
+    reads a partial record, and a later append lands right after the last whole one."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        size: int | None = os.path.getsize(path)
+    except FileNotFoundError:
+        size = None
+    try:
+        with open(path, "ab") as f:
+            f.write(data)
+    except OSError:
+        try:
+            if size is None:
+                os.remove(path)
+            else:
+                os.truncate(path, size)
+        except OSError:
+            logger.debug("could not cut %s back after a failed write", path, exc_info=True)
+        raise
 
 
 def resolve_tensorboard_dir(out_dir: str, export_tensorboard: bool, tensorboard_dir: str | None) -> str | None:

@@ -25,6 +25,7 @@ from mltrace.exceptions import (
     CorruptRecordError,
     IndexReaderException,
     MissingCollectionFiles,
+    MltraceTypeError,
     MltraceValueError,
     NoMoreData,
     StepNotYetAvailable,
@@ -110,6 +111,7 @@ class Trial:
         self.poll_interval = poll_interval
         self._index = TrialIndex()
         self._read_keys: set[str] = set()
+        self._rewritten: set[str] = set()  # index files being rewritten, see _reload_step
         self._token: str | None = None
         self.loaded_all_steps = False
         self.last_complete_step = -1
@@ -134,7 +136,8 @@ class Trial:
         keys = self._collection_keys()
         while not keys:
             if self.storage.exists(paths.END_OF_JOB_MARKER) or time.monotonic() >= deadline:
-                raise MissingCollectionFiles(self.path, time.monotonic() - start)
+                raise MissingCollectionFiles(self.path, time.monotonic() - start,
+                                             has_steps=bool(self.storage.list(paths.INDEX_DIR)))
             time.sleep(min(self.poll_interval, max(0.0, deadline - time.monotonic())))
             keys = self._collection_keys()
         first = keys[0]
@@ -157,7 +160,10 @@ class Trial:
         if ended and self.num_workers > 1:
             done = self.storage.list(paths.WORKERS_DONE_DIR)
             ended = not done or len(done) >= self.num_workers  # smdebug trials have no done files
-        self._ingest(self.storage.list(paths.INDEX_DIR, start_after=self._token))
+        start_after = self._token  # after the last complete step; or before a rewritten index
+        if start_after is not None and self._rewritten:
+            start_after = min(start_after, *(k[:-len(".json")] for k in self._rewritten))
+        self._ingest(self.storage.list(paths.INDEX_DIR, start_after=start_after))
         if ended:
             self.loaded_all_steps = True
             if self._index.step_workers:
@@ -173,6 +179,7 @@ class Trial:
                 continue
             step, worker = parsed
             self._read_keys.add(key)
+            self._rewritten.discard(key)
             if self.range_steps is not None:
                 begin, end = self.range_steps
                 if (begin is not None and step < begin) or (end is not None and step >= end):
@@ -272,7 +279,7 @@ class Trial:
             steps = set(self._index.mode_to_global.get(mode, {}).values())
             names = {n for n in names if steps & self._index.tensors[n].global_steps()}
         if regex is not None:
-            patterns = [re.compile(r) for r in ([regex] if isinstance(regex, str) else regex)]
+            patterns = [_compile_regex(r) for r in ([regex] if isinstance(regex, str) else regex)]
             names = {n for n in names if any(p.search(n) for p in patterns)}
         if collection is not None:
             coll = collection if isinstance(collection, Collection) else self.collection(collection)
@@ -394,6 +401,36 @@ class Trial:
         raise StepUnavailable(step, mode)
 
     # -- reading records -----------------------------------------------------------------------
+    def _reload_step(self, step: int) -> bool:
+        """Read the index files of global ``step`` again; True if one changed or is gone.
+
+        A job restarted into this out_dir after a crash writes its steps again (mltrace.writer),
+        so a trial that indexed the earlier run would read the new events files at the old
+        offsets. Tensor reads call this when a record fails its check and, if the step changed,
+        look it up again. A step whose index is gone (being rewritten: the writer removes it
+        first) is dropped until a refresh finds its new index file.
+        """
+        changed = False
+        for worker in sorted(self._index.step_workers.get(step, ())):
+            key = paths.index_file_key(step, worker)
+            try:
+                index = decode_index(self.storage.read(key), f"{self.storage.uri}/{key}")
+            except FileNotFoundError:
+                index = None
+            except (IndexReaderException, OSError):
+                continue
+            if index is not None and self._index.locations(step, worker) == (
+                    TrialIndex.locations_in(index)):
+                continue  # the same index: the record itself is damaged
+            self._index.forget(step, worker)
+            if index is not None:
+                self._index.ingest(step, worker, index)
+            else:  # refreshes list from this key on (and skip what they read) until it is back
+                self._read_keys.discard(key)
+                self._rewritten.add(key)
+            changed = True
+        return changed
+
     def _read_tensor(self, loc: Location, tname: str, step: int, mode: ModeKeys) -> np.ndarray:
         try:
             record = self.storage.read(loc.key, loc.start, loc.length)
@@ -413,15 +450,28 @@ class Trial:
         if loc.crc32c is not None and crc32c(payload) != loc.crc32c:
             raise CorruptRecordError(where, f"payload CRC32C {crc32c(payload)} differs from the index's {loc.crc32c}")
         try:
-            tensor = decode_tensor_payload(payload)
-        except (WireError, IndexError) as exc:
-            raise CorruptRecordError(where, f"not an Event ({exc or 'truncated'})") from None
+            tensor = decode_tensor_payload(payload, loc.tag)
+        except WireError as exc:
+            raise CorruptRecordError(where, f"not a record of {loc.tag!r} ({exc})") from None
+        except MltraceTypeError as exc:  # e.g. an unknown dtype: name the file it is in
+            raise MltraceTypeError(f"cannot read the record in {where}: {exc}") from None
         if tensor is None:
             raise CorruptRecordError(where, "record holds no tensor")
         return tensor
 
     def __repr__(self) -> str:
         return f"<Trial {self.name!r} at {self.path!r}: {len(self._index.step_workers)} steps>"
+
+
+def _compile_regex(regex: Any) -> re.Pattern[str]:
+    """Compile a ``tensor_names(regex=...)`` pattern, or raise naming it and the fix."""
+    try:
+        return re.compile(regex)
+    except (re.error, TypeError) as exc:
+        raise MltraceValueError(
+            f"tensor_names(regex={regex!r}): not a valid regular expression ({exc}); to match a "
+            "name literally, escape it: regex=re.escape(name)"
+        ) from None
 
 
 def create_trial(path: str | None = None, name: str | None = None, *, out_dir: str | None = None,

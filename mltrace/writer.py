@@ -8,6 +8,23 @@ Remote stores (S3) can be down. Then files go to a local spill folder (mltrace.s
 waiting: when the bounded queue is full or the store refuses a file, that file and every later
 one are spilled in order, and the background thread uploads the spill as soon as the store
 answers again. Training never waits on the network beyond the queue, and no step is lost.
+
+A file that can be written nowhere (a full or failing local disk, or a spill folder on one) is
+lost, never half there: storages write atomically, and the files of a step that come after a
+failed one are dropped with it, so that no index file names an events file that is not there.
+The first failure is logged at once (naming the file and the cause), later ones are counted and
+summed up at close. The writer keeps trying: every later step is written as usual, so a disk
+that gets space again gets the steps again (smdebug's writer also went on). A hook built with
+``strict=True`` raises the failure instead (``take_failure``).
+
+A job restarted into the out_dir of a crashed run (the hook accepts an out_dir without the end
+marker, as smdebug did) writes its steps from step 0 again, over the earlier run's files. Each
+file is replaced atomically, but a step is two files: killed between them, the job would leave
+the earlier run's index naming offsets and CRCs in the new events file, a step that can never
+be read. So the background thread first lists the index files already there (one listing, off
+the training thread) and removes the earlier run's index file of a step before it replaces
+that step's events file: at every moment a step's index matches its events file, or the step
+has no index (absent for readers, never an error).
 """
 
 from __future__ import annotations
@@ -19,6 +36,7 @@ import time
 
 import numpy as np
 
+from mltrace.exceptions import TrialWriteError
 from mltrace.format import paths
 from mltrace.format.crc32c import crc32c
 from mltrace.format.events import encode_tensor_event
@@ -31,6 +49,11 @@ from mltrace.storage.base import Storage
 logger = logging.getLogger(__name__)
 
 _STOP = object()
+#: Failure messages a writer keeps (the rest are only counted: a long run on a full disk fails
+#: twice per step, and its memory must not grow with it).
+KEPT_ERRORS = 100
+# _write_one's outcomes.
+_WRITTEN, _SPILL, _LOST = "written", "spill", "lost"
 
 
 class _StepFile:
@@ -59,8 +82,13 @@ class TrialWriter:
         self._step: _StepFile | None = None
         self._queue: queue.Queue[object] = queue.Queue(maxsize=max_pending)
         self._thread: threading.Thread | None = None
+        #: the first KEPT_ERRORS messages of files that could not be written (see error_count).
         self.errors: list[str] = []
+        #: how many files could not be written.
+        self.error_count = 0
+        self._failure: TrialWriteError | None = None
         self.steps_written = 0
+        self._earlier_steps: set[int] | None = None  # an earlier run's steps, once listed
         self.close_timeout = close_timeout
         self.retry_interval = retry_interval
         remote = storage.local_path(paths.END_OF_JOB_MARKER) is None
@@ -145,16 +173,28 @@ class TrialWriter:
             with self._spill_lock:
                 self._spill(files)
 
-    def _spill(self, files: list[tuple[str, bytes]]) -> None:
+    def _spill(self, files: list[tuple[str, bytes | None]]) -> None:
         assert self.spill is not None
         if not self._outage_logged:
             self._outage_logged = True
             logger.warning("%s is not keeping up or not answering: keeping files in %s and uploading "
                            "them when it answers again", self.storage.uri, self.spill.path)
         for key, data in files:
-            self.spill.add(key, data)
+            if data is None:
+                # A deletion cannot wait in the spill: the earlier run's index then stays until
+                # this step's index replaces it (only a crash between uploading the two spilled
+                # files leaves it naming the new events file).
+                continue
+            try:
+                self.spill.add(key, data)
+            except OSError as exc:  # the spill's disk is full too: this file (and its step) is lost
+                where = f"{self.storage.uri}/{key} (nor spill it to {self.spill.path})"
+                self._record_failure(where, exc)
+                return
 
     def _run(self) -> None:
+        if self._earlier_steps is None:
+            self._earlier_steps = self._find_earlier_run()
         while True:
             self._drain_spill()
             try:
@@ -165,13 +205,47 @@ class TrialWriter:
                 if item is _STOP:
                     self._drain_spill()
                     return
-                for i, (key, data) in enumerate(item):  # type: ignore[union-attr]
-                    if not self._write_one(key, data):
+                item = self._replacing_earlier(item)  # type: ignore[arg-type]
+                for i, (key, data) in enumerate(item):
+                    outcome = self._write_one(key, data)
+                    if outcome == _SPILL:
                         with self._spill_lock:
                             self._spill(item[i:])  # type: ignore[index]
-                        break
+                    if outcome != _WRITTEN:
+                        break  # an index file never goes without the events file before it
+            except Exception as exc:  # the thread must live on: later files and flush() wait on it
+                self._record_failure(f"{self.storage.uri}/{item[0][0]}", exc)  # type: ignore[index]
             finally:
                 self._queue.task_done()
+
+    def _find_earlier_run(self) -> set[int]:
+        """The steps whose index files an earlier run of this worker left in the trial (a crashed
+        job restarted into the same out_dir; see the module docstring). Empty for a storage that
+        cannot delete, or that cannot be listed now (then a restart is not guarded)."""
+        if type(self.storage).delete is Storage.delete:
+            return set()
+        try:
+            keys = self.storage.list(paths.INDEX_DIR)
+        except Exception as exc:
+            logger.warning("could not list %s/%s for an earlier run's steps: %s",
+                           self.storage.uri, paths.INDEX_DIR, exc)
+            return set()
+        parsed = (paths.parse_index_key(key) for key in keys)
+        steps = {p[0] for p in parsed if p is not None and p[1] == self.worker}
+        if steps:
+            logger.warning("%s holds %d steps of an earlier run of %s that did not finish; this "
+                           "run replaces each step it writes again", self.storage.uri, len(steps),
+                           self.worker)
+        return steps
+
+    def _replacing_earlier(self, files: list[tuple[str, bytes]]) -> list[tuple[str, bytes | None]]:
+        """``files``, led by the removal (None) of the earlier run's index file when they are an
+        events file and an index file that replace a step of that run."""
+        parsed = paths.parse_index_key(files[-1][0]) if len(files) > 1 else None
+        if parsed is None or not self._earlier_steps or parsed[0] not in self._earlier_steps:
+            return files  # type: ignore[return-value]
+        self._earlier_steps.discard(parsed[0])
+        return [(files[-1][0], None), *files]
 
     def _spill_unsent(self) -> None:
         """Move what the stalled background thread never took from the queue to the spill."""
@@ -197,20 +271,40 @@ class TrialWriter:
             logger.warning("%s answers again: uploaded %d spilled files", self.storage.uri, uploaded)
             self._outage_logged = False
 
-    def _write_one(self, key: str, data: bytes) -> bool:
-        """Write one file; False when a remote store failed (the caller spills it)."""
+    def _write_one(self, key: str, data: bytes | None) -> str:
+        """Write one file (delete it if ``data`` is None): _WRITTEN; _SPILL when a remote store
+        failed (the caller spills it and what follows); _LOST when local storage failed (logged;
+        the caller drops the rest of the group)."""
         try:
-            self.storage.write(key, data)
-            return True
+            if data is None:
+                self.storage.delete(key)
+            else:
+                self.storage.write(key, data)
+            return _WRITTEN
         except Exception as exc:  # never crash training; the hook reports at close
             if self.spill is not None:
                 logger.debug("writing %s failed: %s", key, exc)
-                return False
-            message = f"could not write {self.storage.uri}/{key}: {type(exc).__name__}: {exc}"
-            if not self.errors:
-                logger.error("%s (further write errors are counted and reported at close)", message)
+                return _SPILL
+            self._record_failure(f"{self.storage.uri}/{key}", exc)
+            return _LOST
+
+    def _record_failure(self, location: str, exc: BaseException) -> None:
+        """Log the first failure, count the rest, keep one for a strict hook to raise."""
+        message = f"could not write {location}: {type(exc).__name__}: {exc}"
+        if not self.error_count:
+            logger.error("%s (mltrace goes on with the next steps; further write errors are "
+                         "counted and reported at close)", message)
+        self.error_count += 1
+        if len(self.errors) < KEPT_ERRORS:
             self.errors.append(message)
-            return True
+        if self._failure is None:
+            self._failure = TrialWriteError(location, exc)
+
+    def take_failure(self) -> TrialWriteError | None:
+        """The first write failure since the last call (for ``strict=True`` hooks to raise), or
+        None; later failures before the next call are only counted."""
+        failure, self._failure = self._failure, None
+        return failure
 
     def flush(self) -> None:
         """Wait until every queued file is written."""
@@ -247,9 +341,9 @@ class TrialWriter:
                 "%d files of %s could not be uploaded before close (the store did not answer for "
                 "%.0f s). They are safe in %s; upload them later with: mltrace upload-spill %s",
                 self.spill.pending, self.storage.uri, self.close_timeout, self.spill.path, self.spill.path)
-        if len(self.errors) > 1:
+        if self.error_count > 1:
             logger.error("%d files of %s could not be written; first: %s",
-                         len(self.errors), self.storage.uri, self.errors[0])
+                         self.error_count, self.storage.uri, self.errors[0])
 
 
 __all__ = ["TrialWriter"]

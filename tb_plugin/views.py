@@ -8,19 +8,30 @@ only when the caller passes ``max_points`` and the answer then says so (``downsa
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 
-from mltrace.exceptions import InvalidWorker, MltraceError, TensorUnavailableForStep
+from mltrace.exceptions import (
+    CorruptRecordError,
+    InvalidWorker,
+    MltraceError,
+    MltraceTypeError,
+    TensorUnavailableForStep,
+)
 from mltrace.format import paths
 from mltrace.modes import ModeKeys
 from mltrace.reductions import compute
 from mltrace.rules.results import read_results
 from mltrace.trials import Trial
 
+logger = logging.getLogger(__name__)
+#: A step whose record is damaged (or of a dtype this mltrace cannot read) is left out of a chart
+#: with a warning, and listed under "damaged", instead of failing the whole panel.
+UNREADABLE = (CorruptRecordError, MltraceTypeError)
 #: Reductions computed from raw values when a step stored none (numpy's definitions).
 RAW_REDUCTIONS = ("min", "max", "mean", "std", "l1", "l2", "nan_count", "inf_count")
 #: The value table shows tensors up to this many elements whole; larger ones as a marked preview.
@@ -127,10 +138,14 @@ def mode_series(trial: Trial, tensor: str, mode: ModeKeys, worker: str | None, c
     shown = pick(steps, max_points)
     known = cache.get((trial.path, tensor, mode.name, worker))
     rows = []
+    damaged: list[dict[str, Any]] = []
     for step in shown:
         if step not in known:
-            known[step] = step_values(trial, tensor, step, mode, worker)
-        rows.append(known[step])
+            try:
+                known[step] = step_values(trial, tensor, step, mode, worker)
+            except UNREADABLE as exc:  # not cached: the file may be restored
+                _left_out(tensor, step, exc, damaged)
+        rows.append(known.get(step))
     kept = [(s, r) for s, r in zip(shown, rows) if r]
     names = sorted({k for _, r in kept for k in r})
     out: dict[str, Any] = {
@@ -140,7 +155,15 @@ def mode_series(trial: Trial, tensor: str, mode: ModeKeys, worker: str | None, c
     }
     if len(shown) < len(steps):
         out["downsampled"] = {"total": len(steps), "returned": len(shown)}
+    if damaged:
+        out["damaged"] = damaged
     return out
+
+
+def _left_out(tensor: str, step: int, exc: Exception, damaged: list[dict[str, Any]]) -> None:
+    """Log and list a step that a chart leaves out because its record cannot be read."""
+    logger.warning("mltrace: step %d of %s left out: %s", step, tensor, exc)
+    damaged.append({"step": step, "error": str(exc)})
 
 
 def tensor_modes(trial: Trial, tensor: str) -> list[ModeKeys]:
@@ -203,13 +226,20 @@ def histograms(trial: Trial, tensor: str, mode: ModeKeys, worker: str | None, bi
         out["unavailable"] = ("only reductions of this tensor were saved: save the raw tensor "
                               "(ReductionConfig(save_raw_tensor=True)) to see histograms")
         return out
+    damaged: list[dict[str, Any]] = []
     for step in shown:
-        h = histogram_of(t.value(step, mode, worker), bins)
+        try:
+            h = histogram_of(t.value(step, mode, worker), bins)
+        except UNREADABLE as exc:
+            _left_out(tensor, step, exc, damaged)
+            continue
         if h is not None:
             out["steps"].append(step)
             out["histograms"].append(h)
     if len(shown) < len(raw):
         out["downsampled"] = {"total": len(raw), "returned": len(shown)}
+    if damaged:
+        out["damaged"] = damaged
     return out
 
 

@@ -280,3 +280,18 @@ def test_manager_rejects_damaged_files_naming_them(text):
     with pytest.raises(MltraceValueError) as info:
         CollectionManager.from_json(text, WHERE)
     assert WHERE in str(info.value)
+
+
+def test_manager_reads_a_save_config_hooks_refuse(caplog):
+    """A collections file written elsewhere may hold a save config mltrace's hooks refuse
+    (smdebug accepted end_step == start_step): the trial stays readable, with a warning."""
+    entry = Collection("weights", include_regex=[".*weight"]).to_json_dict()
+    entry["save_config"] = {"TRAIN": {"save_interval": 10, "start_step": 5, "end_step": 5,
+                                      "save_steps": [], "when_nan": []}}
+    text = json.dumps({"collections": {"weights": entry}, "_meta": {"num_workers": 1}})
+    with caplog.at_level("WARNING", logger="mltrace.collections"):
+        manager = CollectionManager.from_json(text)
+    assert manager.get("weights", create=False).include_regex == [".*weight"]
+    assert "'weights'" in caplog.text and "end_step" in caplog.text
+    with pytest.raises(MltraceValueError, match="end_step"):
+        SaveConfig.from_dict(entry["save_config"])

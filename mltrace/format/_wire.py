@@ -11,14 +11,17 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 
+from mltrace.exceptions import MltraceValueError
+
 VARINT, FIXED64, LEN, FIXED32 = 0, 1, 2, 5
 _F64 = struct.Struct("<d")
 _F32 = struct.Struct("<f")
 _SMALL = [bytes((i,)) for i in range(0x80)]
 
 
-class WireError(ValueError):
-    """Bytes that do not parse as the protobuf message expected."""
+class WireError(MltraceValueError):
+    """Bytes that do not parse as the protobuf message expected (a damaged or foreign record);
+    an MltraceError, so that readers of damaged files raise only mltrace's exceptions."""
 
 
 def varint(value: int) -> bytes:

@@ -133,7 +133,10 @@ class DecodedValue:
     def mode(self) -> ModeKeys:
         """The mode from smdebug's plugin data; GLOBAL when absent, as smdebug's reader does."""
         raw = self.plugin_data.get(MODE_PLUGIN_NAME)
-        return ModeKeys(int(raw)) if raw else ModeKeys.GLOBAL
+        try:
+            return ModeKeys(int(raw)) if raw else ModeKeys.GLOBAL
+        except ValueError:
+            raise w.WireError(f"the record's mode {raw!r} is not a mode (damaged)") from None
 
 
 @dataclass
@@ -148,7 +151,18 @@ class DecodedEvent:
     def mode_step(self, value: DecodedValue) -> int:
         """The mode step of ``value``; the global step when the plugin data has none."""
         raw = value.plugin_data.get(MODE_STEP_PLUGIN_NAME)
-        return int(raw) if raw else self.step
+        try:
+            return int(raw) if raw else self.step
+        except ValueError:
+            raise w.WireError(f"the record's mode step {raw!r} is not a number (damaged)") from None
+
+
+def _text(raw: memoryview) -> str:
+    """A protobuf string field; WireError (not UnicodeDecodeError) when it is not UTF-8."""
+    try:
+        return bytes(raw).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise w.WireError(f"a string field is not UTF-8 ({exc})") from None
 
 
 def _decode_histogram(data: memoryview) -> dict[str, object]:
@@ -159,6 +173,8 @@ def _decode_histogram(data: memoryview) -> dict[str, object]:
             out[names[f]] = w.as_double(v)  # type: ignore[arg-type]
         elif f in (6, 7) and wt == w.LEN:
             key = "bucket_limit" if f == 6 else "bucket"
+            if len(v) % 8:  # type: ignore[arg-type]
+                raise w.WireError(f"histogram {key} is not whole doubles")
             out[key] = np.frombuffer(bytes(v), dtype="<f8").tolist()  # type: ignore[arg-type]
     return out
 
@@ -167,7 +183,7 @@ def _decode_value(data: memoryview) -> DecodedValue:
     value = DecodedValue(tag="")
     for f, wt, v in w.fields(data):
         if f == 1 and wt == w.LEN:
-            value.tag = bytes(v).decode("utf-8")  # type: ignore[arg-type]
+            value.tag = _text(v)  # type: ignore[arg-type]
         elif f == 2 and wt == w.FIXED32:
             value.simple_value = w.as_float(v)  # type: ignore[arg-type]
         elif f == 5 and wt == w.LEN:
@@ -180,7 +196,7 @@ def _decode_value(data: memoryview) -> DecodedValue:
                     name, content = "", b""
                     for ff, _, fv in w.fields(pd):  # type: ignore[arg-type]
                         if ff == 1:
-                            name = bytes(fv).decode("utf-8")  # type: ignore[arg-type]
+                            name = _text(fv)  # type: ignore[arg-type]
                         elif ff == 2:
                             content = bytes(fv)  # type: ignore[arg-type]
                     value.plugin_data[name] = content
@@ -192,6 +208,7 @@ def decode_event(payload: bytes | memoryview) -> DecodedEvent:
 
     Raises:
         mltrace.format._wire.WireError: bytes that are not an Event.
+        mltrace.exceptions.MltraceTypeError: a tensor of a DataType this reader does not know.
     """
     event = DecodedEvent()
     for f, wt, v in w.fields(payload):
@@ -200,7 +217,7 @@ def decode_event(payload: bytes | memoryview) -> DecodedEvent:
         elif f == 2 and wt == w.VARINT:
             event.step = w.signed64(int(v))  # type: ignore[arg-type]
         elif f == 3 and wt == w.LEN:
-            event.file_version = bytes(v).decode("utf-8")  # type: ignore[arg-type]
+            event.file_version = _text(v)  # type: ignore[arg-type]
         elif f == 5 and wt == w.LEN:
             for sf, swt, sv in w.fields(v):  # type: ignore[arg-type]
                 if sf == 1 and swt == w.LEN:
@@ -211,9 +228,7 @@ def decode_event(payload: bytes | memoryview) -> DecodedEvent:
 def _skip(buf: bytes, pos: int, wire_type: int) -> int:
     """Position after the value of a field of ``wire_type`` starting at ``pos``."""
     if wire_type == w.VARINT:
-        while buf[pos] & 0x80:
-            pos += 1
-        return pos + 1
+        return w.read_varint(buf, pos)[1]  # bounds-checked: a damaged record ends anywhere
     if wire_type == w.FIXED64:
         return pos + 8
     if wire_type == w.FIXED32:
@@ -234,6 +249,8 @@ def _find(buf: bytes, start: int, end: int, field: int) -> tuple[int, int] | Non
         else:
             tag, pos = w.read_varint(buf, pos)
         if tag == (field << 3) | w.LEN:
+            if pos >= end:
+                raise w.WireError(f"field {field} is cut off at the end of its message")
             length = buf[pos]
             if length < 0x80:
                 pos += 1
@@ -246,11 +263,20 @@ def _find(buf: bytes, start: int, end: int, field: int) -> tuple[int, int] | Non
     return None
 
 
-def decode_tensor_payload(payload: bytes) -> np.ndarray | None:
+def decode_tensor_payload(payload: bytes, tag: str | None = None) -> np.ndarray | None:
     """The tensor of an events/ record, read straight from Event.summary.value[0].tensor.
 
     The reader's hot path (one call per value()): it skips wall time, step and plugin data, and
     returns None when the record holds no tensor. decode_event is the general decoder.
+
+    Args:
+        payload: the record's Event bytes.
+        tag: the tensor name the index gives this record; when set, a record of another tensor
+            is refused (an index entry pointing at the wrong record, whose own CRC matches).
+
+    Raises:
+        mltrace.format._wire.WireError: not an Event, or a record of another tensor than ``tag``.
+        mltrace.exceptions.MltraceTypeError: a DataType this reader does not know.
     """
     buf = bytes(payload)
     summary = _find(buf, 0, len(buf), 5)
@@ -259,6 +285,12 @@ def decode_tensor_payload(payload: bytes) -> np.ndarray | None:
     value = _find(buf, summary[0], summary[1], 1)
     if value is None:
         return None
+    if tag is not None:
+        found = _find(buf, value[0], value[1], 1)
+        held = buf[found[0]:found[1]] if found else b""
+        if held != tag.encode("utf-8", "surrogatepass"):
+            raise w.WireError(f"the record holds tensor {held.decode('utf-8', 'replace')!r}, not "
+                              f"{tag!r}: the index points at the wrong record")
     tensor = _find(buf, value[0], value[1], 8)
     if tensor is None:
         return None

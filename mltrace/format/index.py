@@ -20,6 +20,7 @@ import json
 from dataclasses import dataclass, field
 
 from mltrace.exceptions import IndexReaderException
+from mltrace.format.records import OVERHEAD_BYTES
 from mltrace.modes import ModeKeys
 
 
@@ -71,38 +72,86 @@ def encode_index(index: StepIndex) -> bytes:
     return json.dumps({"meta": meta, "tensor_payload": tensors, "shape_payload": shapes}).encode()
 
 
+def _count(value: object, what: str, minimum: int = 0) -> int:
+    """A whole number >= ``minimum`` (an int, or a decimal string as some writers use), else
+    ValueError: floats, bools, infinities and negative offsets are damage, not positions."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"{what}={value!r} is not a whole number")
+    number = int(value)
+    if not minimum <= number < 1 << 63:  # int64 in every writer
+        raise ValueError(f"{what}={number} is out of range")
+    return number
+
+
+def _name(value: object, what: str) -> str:
+    """A string that UTF-8 can encode, as every writer's names are (JSON allows lone surrogates,
+    which would fail later, in a record's tag check or when printed), else ValueError."""
+    if not isinstance(value, str):
+        raise ValueError(f"{what}={value!r} is not a string")
+    value.encode("utf-8")  # UnicodeEncodeError is a ValueError
+    return value
+
+
+def _key(value: object, what: str) -> str:
+    """A storage key relative to the trial: a non-empty string without empty, '.' or '..' parts."""
+    key = _name(value, what)
+    if key.startswith("/") or any(p in ("", ".", "..") for p in key.split("/")):
+        raise ValueError(f"{what}={key!r} is not a file of the trial")
+    return key
+
+
+def _entry(e: dict) -> IndexEntry:
+    crc = e.get("crc32c")
+    if crc is not None and _count(crc, "crc32c") >= 1 << 32:
+        raise ValueError(f"crc32c={crc!r} does not fit 32 bits")
+    return IndexEntry(_name(e["tensorname"], "tensorname"), _count(e["start_idx"], "start_idx"),
+                      _count(e["length"], "length", OVERHEAD_BYTES),
+                      None if crc is None else int(crc))
+
+
+def _shape(s: dict) -> ShapeEntry:
+    if not isinstance(s["shape"], list):
+        raise ValueError(f"shape={s['shape']!r} is not a list")
+    original = s.get("originalname")
+    return ShapeEntry(_name(s["tensorname"], "tensorname"),
+                      tuple(_count(x, "shape") for x in s["shape"]),
+                      _name(original, "originalname") if original is not None else None)
+
+
 def decode_index(data: bytes, where: str) -> StepIndex:
     """Parse index JSON; ``where`` names the file in errors.
+
+    Every field is checked (offsets and lengths are whole numbers, a record at least 16 bytes,
+    CRCs 32-bit, the events file a relative key), so that a damaged index is rejected here
+    rather than read as wrong positions later.
 
     Raises:
         IndexReaderException: empty, non-JSON, or wrongly shaped content.
     """
     try:
         doc = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise IndexReaderException(f"empty or corrupt index file {where}: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise IndexReaderException(f"empty or corrupt index file {where}: "
+                                   f"{type(exc).__name__}: {exc}; delete or restore it") from None
     try:
         meta = doc["meta"]
         if not meta:
             raise KeyError("meta")
+        mode_step = meta["mode_step"]
+        if isinstance(mode_step, bool) or not isinstance(mode_step, (int, str)):
+            raise ValueError(f"mode_step={mode_step!r} is not a whole number")
+        event_file = meta.get("event_file_name")
         index = StepIndex(
             mode=ModeKeys[meta["mode"]],
-            mode_step=int(meta["mode_step"]),
-            event_file_name=meta.get("event_file_name"),
+            mode_step=int(mode_step),
+            event_file_name=None if event_file is None else _key(event_file, "event_file_name"),
         )
-        for e in doc.get("tensor_payload") or []:
-            crc = e.get("crc32c")
-            index.tensors.append(
-                IndexEntry(str(e["tensorname"]), int(e["start_idx"]), int(e["length"]),
-                           None if crc is None else int(crc))
-            )
-        for s in doc.get("shape_payload") or []:
-            index.shapes.append(
-                ShapeEntry(str(s["tensorname"]), tuple(int(x) for x in s["shape"]), s.get("originalname"))
-            )
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        index.tensors = [_entry(e) for e in doc.get("tensor_payload") or []]
+        index.shapes = [_shape(s) for s in doc.get("shape_payload") or []]
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise IndexReaderException(
-            f"index file {where} is not shaped like an smdebug index ({type(exc).__name__}: {exc})"
+            f"index file {where} is not shaped like an smdebug index "
+            f"({type(exc).__name__}: {exc}); delete or restore it"
         ) from None
     if "tensor_payload" not in doc and "shape_payload" not in doc:
         raise IndexReaderException(f"index file {where} has neither tensor_payload nor shape_payload")

@@ -32,6 +32,7 @@ INDEX_FILES_PER_PREFIX = 1000
 DEFAULT_WORKER_NAME = "worker_0"
 
 _INDEX_NAME = re.compile(r"^index/(\d{9})/(\d{12})_(.+)\.json$")
+_EVENT_NAME = re.compile(r"^events/(\d{12})/(\d{12})_(.+)\.tfevents$")
 _COLLECTIONS_NAME = re.compile(r"^collections/\d+/(.+)_collections\.json$")
 _WORKER_NAME = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
@@ -60,6 +61,14 @@ def parse_index_key(key: str) -> tuple[int, str] | None:
     """Return (global step, worker) for an index file key, or None if it is not one."""
     match = _INDEX_NAME.fullmatch(key)
     if not match:
+        return None
+    return int(match.group(2)), match.group(3)
+
+
+def parse_event_key(key: str) -> tuple[int, str] | None:
+    """Return (global step, worker) for an events file key, or None if it is not one."""
+    match = _EVENT_NAME.fullmatch(key)
+    if not match or match.group(1) != match.group(2):
         return None
     return int(match.group(2)), match.group(3)
 

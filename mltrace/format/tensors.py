@@ -140,13 +140,38 @@ def encode_tensor(tag: str, array: np.ndarray) -> bytes:
     return w.varint_field(1, code) + shape + (w.len_field(4, content) if content else b"")
 
 
+#: Most elements a TensorProto may expand one *_val value to (TensorFlow's "fill"): a damaged
+#: shape must not make the reader allocate gigabytes. 2**26 elements is 512 MB of float64.
+MAX_FILL_ELEMENTS = 1 << 26
+#: numpy's limit on dimensions is 64; TensorFlow's own is 254. Deeper shapes are damage here.
+MAX_RANK = 32
+
+
 def decode_tensor(data: bytes | memoryview) -> np.ndarray:
     """Parse TensorProto bytes back into a numpy array.
 
     Raises:
         MltraceTypeError: a DataType this reader does not know.
-        mltrace.format._wire.WireError: bytes that are not a TensorProto.
+        mltrace.format._wire.WireError: bytes that are not a TensorProto, or whose shape does not
+            fit their values (a damaged record).
     """
+    try:
+        return _decode_tensor(data)
+    except (w.WireError, MltraceTypeError):
+        raise
+    except (ValueError, OverflowError, IndexError) as exc:  # numpy refusing damaged values
+        raise w.WireError(f"TensorProto does not decode ({type(exc).__name__}: {exc})") from None
+
+
+def _elements(shape: list[int]) -> int:
+    """Element count of ``shape`` (1 for a 0-d tensor), in Python ints so nothing overflows."""
+    count = 1
+    for size in shape:
+        count *= size
+    return count
+
+
+def _decode_tensor(data: bytes | memoryview) -> np.ndarray:
     code = 0
     shape: list[int] = []
     content: bytes | None = None
@@ -162,6 +187,8 @@ def decode_tensor(data: bytes | memoryview) -> np.ndarray:
                     for sfield, swt, sval in w.fields(dim):  # type: ignore[arg-type]
                         if sfield == 1 and swt == w.VARINT:
                             size = w.signed64(int(sval))  # type: ignore[arg-type]
+                    if size < 0 or len(shape) >= MAX_RANK:
+                        raise w.WireError(f"tensor shape {shape + [size]} is not a shape")
                     shape.append(size)
         elif field == 4 and wt == w.LEN:
             content = bytes(value)  # type: ignore[arg-type]
@@ -174,10 +201,12 @@ def decode_tensor(data: bytes | memoryview) -> np.ndarray:
             items = [s.decode("utf-8") for s in strings] if code == DT_INVALID else strings
         except UnicodeDecodeError as exc:
             raise w.WireError(f"a string element is not UTF-8 ({exc})") from None
+        if shape and _elements(shape) != len(items):
+            raise w.WireError(f"tensor of shape {shape} holds {len(items)} strings")
         out = np.array(items) if items else np.array([], dtype=bytes if code == DT_STRING else str)
         return out.reshape(shape) if shape or out.size == 1 else out
     if code == DT_BFLOAT16:
-        bits = np.frombuffer(content or b"", dtype="<u2").reshape(shape)
+        bits = np.frombuffer(_checked_content(content or b"", 2, shape), dtype="<u2").reshape(shape)
         bf16 = bfloat16_dtype()
         if bf16 is not None:
             return bits.view(bf16).copy()
@@ -186,11 +215,23 @@ def decode_tensor(data: bytes | memoryview) -> np.ndarray:
     if npdtype is None:
         raise MltraceTypeError(
             f"tensor has DataType {code}, which mltrace cannot decode (known: "
-            f"{sorted(_DT_TO_NUMPY.values())} and bfloat16); the file may come from a newer writer"
+            f"{sorted(_DT_TO_NUMPY.values())} and bfloat16); the file may come from a newer writer: "
+            "upgrade mltrace to read it"
         )
     if content is not None:
+        content = _checked_content(content, npdtype.itemsize, shape)
         return np.frombuffer(content, dtype=npdtype.newbyteorder("<")).astype(npdtype).reshape(shape)
     return _decode_typed_vals(typed_vals, npdtype, shape)
+
+
+def _checked_content(content: bytes, itemsize: int, shape: list[int]) -> bytes:
+    """``content`` if it holds exactly the elements ``shape`` asks for, else WireError."""
+    if len(content) != _elements(shape) * itemsize:
+        raise w.WireError(
+            f"tensor_content holds {len(content)} bytes, but shape {shape} of {itemsize}-byte "
+            "elements needs a different count"
+        )
+    return content
 
 
 def _decode_typed_vals(vals: dict[int, list[Any]], npdtype: np.dtype, shape: list[int]) -> np.ndarray:
@@ -213,7 +254,9 @@ def _decode_typed_vals(vals: dict[int, list[Any]], npdtype: np.dtype, shape: lis
             else:
                 items.append(w.signed64(int(value)))
     out = np.array(items, dtype=npdtype)
-    count = int(np.prod(shape)) if shape else 1
+    count = _elements(shape)
+    if out.size == 1 and count > MAX_FILL_ELEMENTS:
+        raise w.WireError(f"tensor of shape {shape} would fill {count} elements from one value")
     if out.size == 1 and count > 1:  # TensorFlow writes one value to mean "fill"
         out = np.full(count, out[0], dtype=npdtype)
     if out.size != count:

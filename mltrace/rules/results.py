@@ -116,12 +116,39 @@ def save_result(rule: Rule, result: RuleResult) -> None:
         logger.warning("could not write the rule result into %s: %s", rule.base_trial.path, exc)
 
 
+_NUMBER = (int, float)
+#: The JSON type each field of a stored result must have (None allowed where the default is None).
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "rule": (str,), "trial": (str,), "parameters": (dict,), "status": (str,), "started": _NUMBER,
+    "ended": _NUMBER, "evaluated_steps": (int,), "fired_steps": (list,), "first_step": (int,),
+    "message": (str,), "error": (str,), "run_id": (str,), "mlflow_run_id": (str,),
+    "mlflow_experiment_id": (str,),
+}
+_OPTIONAL = {"ended", "first_step", "message", "error", "mlflow_run_id", "mlflow_experiment_id"}
+
+
+def _checked(result: RuleResult) -> RuleResult:
+    """``result`` if every field has its type (valid JSON can still be a damaged result, and the
+    TensorBoard panel sorts and shows these fields), else TypeError naming the field."""
+    for name, types in _FIELD_TYPES.items():
+        value = getattr(result, name)
+        if value is None and name in _OPTIONAL:
+            continue
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise TypeError(f"{name}={value!r} is not a {' or '.join(t.__name__ for t in types)}")
+    if not all(isinstance(s, int) and not isinstance(s, bool) for s in result.fired_steps):
+        raise TypeError(f"fired_steps={result.fired_steps!r} is not a list of steps")
+    return result
+
+
 def read_results(storage: Any) -> list[RuleResult]:
-    """Every rule result stored in a trial, oldest first (damaged files are skipped)."""
+    """Every rule result stored in a trial, oldest first (damaged files are skipped with a
+    warning naming them)."""
     out = []
     for key in storage.list(paths.RULE_RESULTS_DIR):
         try:
-            out.append(RuleResult(**json.loads(storage.read(key))))
-        except (ValueError, TypeError) as exc:
-            logger.warning("skipping damaged rule result %s: %s", key, exc)
+            out.append(_checked(RuleResult(**json.loads(storage.read(key)))))
+        except (ValueError, TypeError, RecursionError) as exc:
+            logger.warning("skipping damaged rule result %s/%s: %s: %s",
+                           getattr(storage, "uri", ""), key, type(exc).__name__, exc)
     return sorted(out, key=lambda r: r.started)

@@ -41,3 +41,12 @@ class Storage(ABC):
     def local_path(self, key: str) -> str | None:
         """A filesystem path for ``key`` when the storage is local, else None."""
         return None
+
+    def delete(self, key: str) -> None:
+        """Remove ``key``; no error if it does not exist. The writer removes an index file of an
+        earlier, crashed run before it replaces that step's events file (mltrace.writer).
+
+        Raises:
+            NotImplementedError: a storage that cannot delete (the writer then leaves the file).
+        """
+        raise NotImplementedError(f"{type(self).__name__} cannot delete files")

@@ -19,6 +19,9 @@ class LocalStorage(Storage):
     def __init__(self, root: str) -> None:
         self.uri = root
         self.root = os.path.abspath(os.path.expanduser(root))
+        # Folders known to exist. Bounded (forgotten all at once when full, which costs one more
+        # makedirs per folder): every step has a folder of its own (events/<step>/), so
+        # remembering them all would grow memory by one path per step.
         self._made_dirs: set[str] = set()
 
     def _path(self, key: str) -> str:
@@ -35,6 +38,8 @@ class LocalStorage(Storage):
         folder = os.path.dirname(path)
         if folder not in self._made_dirs:
             os.makedirs(folder, exist_ok=True)
+            if len(self._made_dirs) >= _MADE_DIRS_KEPT:
+                self._made_dirs.clear()
             self._made_dirs.add(folder)
         # The temp file sits beside the target so that rename is atomic; readers skip dot files
         # and *.tmp. Its name is unique per process and thread (one writer per file at a time).
@@ -52,9 +57,15 @@ class LocalStorage(Storage):
 
     def read(self, key: str, start: int = 0, length: int | None = None) -> bytes:
         with open(self._path(key), "rb") as f:
+            # Never past the end nor more than the file holds: read(n) allocates n bytes up front,
+            # and a damaged index may give an offset or length of 2**60 (the record check then
+            # reports the short read).
+            size = os.fstat(f.fileno()).st_size
+            if start >= size:
+                return b""
             if start:
                 f.seek(start)
-            return f.read() if length is None else f.read(length)
+            return f.read() if length is None else f.read(max(0, min(length, size - start)))
 
     def list(self, prefix: str, start_after: str | None = None) -> list[str]:
         base = self._path(prefix.rstrip("/")) if prefix.strip("/") else self.root
@@ -79,6 +90,15 @@ class LocalStorage(Storage):
 
     def exists(self, key: str) -> bool:
         return os.path.exists(self._path(key))
+
+    def delete(self, key: str) -> None:
+        try:
+            os.remove(self._path(key))
+        except FileNotFoundError:
+            pass
+
+
+_MADE_DIRS_KEPT = 64
 
 
 def _all_before(folder: str, start_after: str) -> bool:

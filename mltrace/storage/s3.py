@@ -152,6 +152,12 @@ class S3Storage(Storage):
             raise self._explain(exc, "list", prefix) from exc
         return sorted(keys)
 
+    def delete(self, key: str) -> None:
+        try:  # S3 answers 204 for a key that does not exist too
+            self.client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        except Exception as exc:
+            raise self._explain(exc, "delete", key) from exc
+
     def exists(self, key: str) -> bool:
         try:
             self.client.head_object(Bucket=self.bucket, Key=self._key(key))
