@@ -187,8 +187,8 @@ def bench_write(bucket: str, workload: str, runs: int, tmp: str) -> dict[str, An
         _write_steps(writer, workload)
         writer.close()
         elapsed = time.perf_counter() - t0
-        if writer.errors or (writer.spill is not None and writer.spill.pending):
-            raise SystemExit(f"mltrace's writer did not upload everything: {writer.errors[:1]}")
+        if writer.failures.count or (writer.spill is not None and writer.spill.pending):
+            raise SystemExit(f"mltrace's writer did not upload everything: {writer.failures.messages[:1]}")
         return elapsed
 
     def put_run(prefix: str) -> float:

@@ -58,20 +58,26 @@ def _as_steps(value: Any) -> list[int]:
     return sorted({int(_as_int("save_steps entry", v, minimum=0)) for v in value})  # type: ignore[arg-type]
 
 
-def _as_names(name: str, value: Any) -> list[str]:
-    """Tensor names for ``when_nan``: one name or a list of names (a bare string is one name,
-    not a list of its characters)."""
+def name_list(what: str, value: Any, kind: str = "tensor name", example: str = "loss") -> list[str]:
+    """One name or a list of names as a list, each a non-empty str (a bare string is one name,
+    not a list of its characters); None is no name. Shared by every argument that takes names
+    (``when_nan``, ``include_collections``, ``collections_to_write``).
+
+    Raises:
+        mltrace.exceptions.MltraceValueError: naming ``what``, the bad value and an example.
+    """
     if value is None:
         return []
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, Iterable) or isinstance(value, (bytes, bytearray, Mapping)):
-        raise MltraceValueError(f"{name}={value!r} must be a list of tensor names, e.g. {name}=['loss']")
+        raise MltraceValueError(
+            f"{what}={value!r} must be a {kind} or a list of them, e.g. {what}=[{example!r}]")
     names = list(value)
     for item in names:
         if not isinstance(item, str) or not item:
             raise MltraceValueError(
-                f"{name} entry {item!r} must be a non-empty tensor name, e.g. {name}=['loss']")
+                f"{what} entry {item!r} must be a non-empty {kind}, e.g. {what}=[{example!r}]")
     return names
 
 
@@ -123,7 +129,7 @@ class SaveConfigMode:
 
     @when_nan.setter
     def when_nan(self, value: Iterable[str] | str | None) -> None:
-        self._when_nan = _as_names("when_nan", value)
+        self._when_nan = name_list("when_nan", value)
 
     # Validated setters keep the object mutable and always consistent.
     @property

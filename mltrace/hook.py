@@ -31,7 +31,7 @@ from mltrace.collections import (
     CollectionKeys,
     CollectionManager,
 )
-from mltrace.config import ReductionConfig, SaveConfig, config_generation
+from mltrace.config import ReductionConfig, SaveConfig, config_generation, name_list
 from mltrace.exceptions import (
     InvalidCollectionConfiguration,
     MltraceError,
@@ -176,7 +176,7 @@ class BaseHook:
 
         self.default_saved_collections = list(default_saved_collections)
         names = list(default_include_collections) if include_collections is None else (
-            _collection_names(include_collections))
+            name_list("include_collections", include_collections, "collection name", "weights"))
         self.include_collections = list(dict.fromkeys(names + self.default_saved_collections))
         self.save_all = bool(save_all)
         if include_regex:
@@ -573,7 +573,7 @@ class BaseHook:
         """Raise the first file that ``writers`` (a TrialWriter, a TensorBoardWriter) could not
         write since the last look, for strict hooks; each failure is raised once."""
         for writer in writers:
-            failure = writer.take_failure() if writer is not None else None
+            failure = writer.failures.take() if writer is not None else None
             if failure is not None:
                 raise failure
 
@@ -582,7 +582,7 @@ class BaseHook:
         """Save a tensor of your own into the named collections (created if needed) this step,
         if one of them is due."""
         check_tensor_name(tensor_name, "save_tensor name")
-        names = _collection_names(collections_to_write, "collections_to_write")
+        names = name_list("collections_to_write", collections_to_write, "collection name", "weights")
         added = False
         for cname in names:
             coll = self.get_collection(cname)
@@ -736,20 +736,6 @@ def check_tensor_name(name: Any, what: str = "tensor name") -> str:
             "that character, e.g. name.encode('utf-8', 'replace').decode()"
         ) from None
     return name
-
-
-def _collection_names(value: Any, what: str = "include_collections") -> list[str]:
-    """Collection names from one name or a list of them, each a non-empty str."""
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, Iterable) or isinstance(value, (bytes, bytearray, dict)):
-        raise MltraceValueError(f"{what}={value!r} must be a collection name or a list of them, e.g. ['weights']")
-    names = list(value)
-    for name in names:
-        if not isinstance(name, str) or not name:
-            raise MltraceValueError(
-                f"{what} entry {name!r} must be a non-empty collection name, e.g. 'weights'")
-    return names
 
 
 def _check_local_out_dir(out_dir: str, marker_path: str | None) -> None:

@@ -18,7 +18,7 @@ A flush that fails (a full disk) leaves no partial record: the appended file is 
 previous size (a new file is removed), the first failure is logged with the file and the cause,
 later ones are counted and summed up at close, and the summaries of that flush are dropped. The
 writer keeps going: the next flush appends again, so summaries reappear once the disk has space.
-A hook built with ``strict=True`` raises the failure instead (``take_failure``).
+A hook built with ``strict=True`` raises the failure instead (``failures``, a mltrace.failure_log.FailureLog).
 
 Histograms are binned like torch's ``SummaryWriter.add_histogram(bins="tensorflow")`` (TF's
 exponential buckets, +-1e-12 growing by 1.1 up to 1e20, plus 0; empty outer buckets trimmed;
@@ -41,6 +41,7 @@ import time
 import numpy as np
 
 from mltrace.exceptions import TrialWriteError
+from mltrace.failure_log import FailureLog
 from mltrace.format import paths
 from mltrace.format.events import (
     encode_file_version_event,
@@ -60,8 +61,6 @@ DEFAULT_FLUSH_SECS = 5.0
 REMOTE_FLUSH_SECS = 60.0
 #: A mode's buffer is written out early once it holds this many bytes.
 MAX_BUFFER_BYTES = 4 << 20
-#: Failure messages kept (the rest are counted), as mltrace.writer.KEPT_ERRORS.
-KEPT_ERRORS = 100
 _STOP = object()
 _FLUSH = object()
 _file_counter = itertools.count()
@@ -137,11 +136,8 @@ class TensorBoardWriter:
         self._buffers: dict[ModeKeys, bytearray] = {}
         self._files: dict[ModeKeys, str] = {}
         self._closed = False
-        #: the first KEPT_ERRORS failure messages (see error_count).
-        self.errors: list[str] = []
-        #: how many encodes and flushes failed.
-        self.error_count = 0
-        self._failure: TrialWriteError | None = None
+        #: encodes and flushes that failed (see mltrace.failure_log).
+        self.failures = FailureLog(logger, "the export goes on")
         self.events_written = 0
 
     # -- training thread ------------------------------------------------------------------------
@@ -182,15 +178,7 @@ class TensorBoardWriter:
             self._queue.put(_STOP)
             self._thread.join()
         self._thread = None
-        if self.error_count > 1:
-            logger.error("%d TensorBoard writes to %s failed; first: %s", self.error_count,
-                         self.location, self.errors[0])
-
-    def take_failure(self) -> TrialWriteError | None:
-        """The first failed flush since the last call (for ``strict=True`` hooks to raise), or
-        None."""
-        failure, self._failure = self._failure, None
-        return failure
+        self.failures.summarize(f"TensorBoard writes to {self.location} failed")
 
     # -- background thread ----------------------------------------------------------------------
     def _run(self) -> None:
@@ -223,7 +211,7 @@ class TensorBoardWriter:
                     return
                 payload = encode_histogram_event(tag, histo, step, wall_time)
         except Exception as exc:  # one odd value must not stop the export
-            self._error(f"could not encode summary {tag!r} at step {step}: {type(exc).__name__}: {exc}")
+            self.failures.record(f"could not encode summary {tag!r} at step {step}: {type(exc).__name__}: {exc}")
             return
         buffer = self._buffers.get(mode)
         if buffer is None:
@@ -265,19 +253,9 @@ class TensorBoardWriter:
                 self.storage.write(key, header + buffer)
         except Exception as exc:
             where = f"{self.location.rstrip('/')}/{key}" if key else self.location
-            self._error(f"could not write TensorBoard summaries to {where}: "
-                        f"{type(exc).__name__}: {exc}", TrialWriteError(where, exc))
+            self.failures.record(f"could not write TensorBoard summaries to {where}: "
+                                 f"{type(exc).__name__}: {exc}", TrialWriteError(where, exc))
         buffer.clear()
-
-    def _error(self, message: str, failure: TrialWriteError | None = None) -> None:
-        if not self.error_count:
-            logger.error("%s (the export goes on; further errors are counted and reported at "
-                         "close)", message)
-        self.error_count += 1
-        if len(self.errors) < KEPT_ERRORS:
-            self.errors.append(message)
-        if failure is not None and self._failure is None:
-            self._failure = failure
 
 
 def _append_whole(path: str, data: bytes) -> None:

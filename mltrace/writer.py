@@ -15,7 +15,7 @@ failed one are dropped with it, so that no index file names an events file that 
 The first failure is logged at once (naming the file and the cause), later ones are counted and
 summed up at close. The writer keeps trying: every later step is written as usual, so a disk
 that gets space again gets the steps again (smdebug's writer also went on). A hook built with
-``strict=True`` raises the failure instead (``take_failure``).
+``strict=True`` raises the failure instead (``failures``, a mltrace.failure_log.FailureLog).
 
 A job restarted into the out_dir of a crashed run (the hook accepts an out_dir without the end
 marker, as smdebug did) writes its steps from step 0 again, over the earlier run's files. Each
@@ -37,6 +37,7 @@ import time
 import numpy as np
 
 from mltrace.exceptions import TrialWriteError
+from mltrace.failure_log import FailureLog
 from mltrace.format import paths
 from mltrace.format.crc32c import crc32c
 from mltrace.format.events import encode_tensor_event
@@ -49,9 +50,6 @@ from mltrace.storage.base import Storage
 logger = logging.getLogger(__name__)
 
 _STOP = object()
-#: Failure messages a writer keeps (the rest are only counted: a long run on a full disk fails
-#: twice per step, and its memory must not grow with it).
-KEPT_ERRORS = 100
 # _write_one's outcomes.
 _WRITTEN, _SPILL, _LOST = "written", "spill", "lost"
 
@@ -82,11 +80,8 @@ class TrialWriter:
         self._step: _StepFile | None = None
         self._queue: queue.Queue[object] = queue.Queue(maxsize=max_pending)
         self._thread: threading.Thread | None = None
-        #: the first KEPT_ERRORS messages of files that could not be written (see error_count).
-        self.errors: list[str] = []
-        #: how many files could not be written.
-        self.error_count = 0
-        self._failure: TrialWriteError | None = None
+        #: files that could not be written (see mltrace.failure_log).
+        self.failures = FailureLog(logger, "mltrace goes on with the next steps", "write errors")
         self.steps_written = 0
         self._earlier_steps: set[int] | None = None  # an earlier run's steps, once listed
         self.close_timeout = close_timeout
@@ -289,22 +284,8 @@ class TrialWriter:
             return _LOST
 
     def _record_failure(self, location: str, exc: BaseException) -> None:
-        """Log the first failure, count the rest, keep one for a strict hook to raise."""
-        message = f"could not write {location}: {type(exc).__name__}: {exc}"
-        if not self.error_count:
-            logger.error("%s (mltrace goes on with the next steps; further write errors are "
-                         "counted and reported at close)", message)
-        self.error_count += 1
-        if len(self.errors) < KEPT_ERRORS:
-            self.errors.append(message)
-        if self._failure is None:
-            self._failure = TrialWriteError(location, exc)
-
-    def take_failure(self) -> TrialWriteError | None:
-        """The first write failure since the last call (for ``strict=True`` hooks to raise), or
-        None; later failures before the next call are only counted."""
-        failure, self._failure = self._failure, None
-        return failure
+        self.failures.record(f"could not write {location}: {type(exc).__name__}: {exc}",
+                             TrialWriteError(location, exc))
 
     def flush(self) -> None:
         """Wait until every queued file is written."""
@@ -341,9 +322,7 @@ class TrialWriter:
                 "%d files of %s could not be uploaded before close (the store did not answer for "
                 "%.0f s). They are safe in %s; upload them later with: mltrace upload-spill %s",
                 self.spill.pending, self.storage.uri, self.close_timeout, self.spill.path, self.spill.path)
-        if self.error_count > 1:
-            logger.error("%d files of %s could not be written; first: %s",
-                         self.error_count, self.storage.uri, self.errors[0])
+        self.failures.summarize(f"files of {self.storage.uri} could not be written")
 
 
 __all__ = ["TrialWriter"]

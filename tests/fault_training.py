@@ -195,8 +195,8 @@ def run_full_disk(out_dir: str, disk: Disk, strict: bool = False, export_tensorb
         mltrace_logger.removeHandler(recorder)
     outcome.captured = captured.values
     outcome.errors = recorder.records
-    outcome.write_failures = writer.error_count if writer is not None else 0
-    outcome.tensorboard_failures = tensorboard.error_count if tensorboard is not None else 0
+    outcome.write_failures = writer.failures.count if writer is not None else 0
+    outcome.tensorboard_failures = tensorboard.failures.count if tensorboard is not None else 0
     return outcome
 
 

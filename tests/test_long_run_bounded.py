@@ -64,7 +64,7 @@ def test_long_run_keeps_per_step_state_bounded_and_writes_every_file(tmp_path):
     assert len(hook._written_this_step) <= 9  # 2 weights, 2 biases, 4 gradients, 1 loss
     assert len(hook._tensor_collections) <= 16
     assert hook._nan_buffer == [] and len(hook._pending_scalars) <= 1
-    assert hook.writer.errors == []
+    assert hook.writer.failures.messages == []
     assert all(len(c.tensor_names) <= 9 for c in hook.collection_manager.get_collections().values())
 
     hook.close()
