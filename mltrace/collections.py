@@ -358,6 +358,13 @@ class PendingCollections:
         """A pending collection (created if missing and ``create``)."""
         return self._manager.get(name, create)
 
+    def of(self, hook: Any, hook_type: type, name: str, create: bool = True) -> Collection:
+        """What an adapter's module-level ``get_collection(name)`` returns: the collection of
+        ``hook`` while it is an open hook of the adapter (``hook_type``), else the pending one."""
+        if isinstance(hook, hook_type) and not hook._closed:
+            return hook.get_collection(name, create)  # type: ignore[no-any-return]
+        return self.get(name, create)
+
     def take(self) -> CollectionManager:
         """Hand the pending collections to a new hook."""
         manager, self._manager = self._manager, self._factory()

@@ -77,10 +77,7 @@ _pending = PendingCollections(lambda: manager_with_defaults(DEFAULT_COLLECTIONS,
 
 def get_collection(name: str, create: bool = True) -> Collection:
     """The collection ``name`` of the current hook, or of the hook about to be created."""
-    hook = get_hook()
-    if isinstance(hook, Hook) and not hook._closed:
-        return hook.get_collection(name, create)  # type: ignore[return-value]
-    return _pending.get(name, create)  # type: ignore[return-value]
+    return _pending.of(get_hook(), Hook, name, create)  # type: ignore[return-value]
 
 
 def add_to_collection(collection_name: str, args: Any) -> None:

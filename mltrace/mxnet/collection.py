@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from mxnet import gluon
 
@@ -54,6 +55,7 @@ def take_pending() -> CollectionManager:
     return _pending.take()
 
 
-def pending_collection(name: str, create: bool = True) -> Collection:
-    """A collection of the hook about to be created."""
-    return _pending.get(name, create)  # type: ignore[return-value]
+def pending_collection(hook: Any, hook_type: type, name: str, create: bool = True) -> Collection:
+    """``get_collection(name)``: of ``hook`` if it is an open MXNet hook, else of the hook about
+    to be created (see PendingCollections.of)."""
+    return _pending.of(hook, hook_type, name, create)  # type: ignore[return-value]

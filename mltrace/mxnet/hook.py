@@ -57,10 +57,7 @@ _PARAM_COLLECTIONS = frozenset(TORNASOLE_INCLUDE_COLLECTIONS + [CollectionKeys.L
 
 def get_collection(name: str, create: bool = True) -> Collection:
     """The collection ``name`` of the current hook, or of the hook about to be created."""
-    hook = get_hook()
-    if isinstance(hook, Hook) and not hook._closed:
-        return hook.get_collection(name, create)  # type: ignore[return-value]
-    return _collection.pending_collection(name, create)
+    return _collection.pending_collection(get_hook(), Hook, name, create)
 
 
 def add_to_collection(collection_name: str, args: Any) -> None:

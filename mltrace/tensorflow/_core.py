@@ -556,10 +556,7 @@ def get_hook() -> Any:
 
 def get_collection(name: str, create: bool = True) -> Any:
     """The collection ``name`` of the current hook, or of the hook about to be created."""
-    hook = _core_get_hook()
-    if isinstance(hook, TFHook) and not hook._closed:
-        return hook.get_collection(name, create)
-    return _pending.get(name, create)
+    return _pending.of(_core_get_hook(), TFHook, name, create)
 
 
 def add_to_collection(collection_name: str, args: Any) -> None:

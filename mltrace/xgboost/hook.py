@@ -93,10 +93,7 @@ _pending = PendingCollections(lambda: manager_with_defaults(DEFAULT_COLLECTIONS)
 
 def get_collection(name: str, create: bool = True) -> Collection:
     """The collection ``name`` of the current XGBoost hook, or of the hook about to be created."""
-    hook = get_hook()
-    if isinstance(hook, Hook) and not hook._closed:
-        return hook.get_collection(name, create)
-    return _pending.get(name, create)
+    return _pending.of(get_hook(), Hook, name, create)
 
 
 def add_to_collection(collection_name: str, args: Any) -> None:
