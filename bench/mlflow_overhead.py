@@ -215,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         os.chdir(cwd)
         shutil.rmtree(workdir, ignore_errors=True)
     import mlflow
+
     import mltrace
 
     report = {"steps": args.steps, "runs": args.runs, "batch": args.batch, "collections": COLLECTIONS,

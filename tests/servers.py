@@ -20,8 +20,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import pytest
 

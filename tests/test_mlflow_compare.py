@@ -5,16 +5,15 @@ from __future__ import annotations
 import csv
 
 import pytest
+from mlflow import MlflowClient
 from PIL import Image
 
-from mlflow import MlflowClient
-
+from mlflow_plugin.compare import compare_runs
 from mltrace import cli
 from mltrace.exceptions import MltraceValueError
 from mltrace.rules import invoke_rule
 from mltrace.rules.builtin.vanishing_gradient import VanishingGradient
 from mltrace.trials import create_trial
-from mlflow_plugin.compare import compare_runs
 from tests.mlflow_env import mlflow_template_db, tracking, train  # noqa: F401
 
 LOSS = "MSELoss_output_0"

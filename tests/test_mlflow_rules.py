@@ -8,17 +8,16 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 import mlflow
+import pytest
 from mlflow import MlflowClient
 
+from mlflow_plugin import _keys
 from mltrace.format import paths
 from mltrace.rules import Rule, invoke_rule
 from mltrace.rules.builtin.vanishing_gradient import VanishingGradient
 from mltrace.rules.results import read_results
 from mltrace.trials import create_trial
-from mlflow_plugin import _keys
 from tests.mlflow_env import mlflow_template_db, tracking, train  # noqa: F401
 
 STATUS_TAG = "mltrace.rule.VanishingGradient.status"

@@ -3,16 +3,15 @@
 
 from __future__ import annotations
 
-import pytest
-
 import mlflow
+import pytest
 from mlflow import MlflowClient
 
+from mlflow_plugin import _tracking
+from mlflow_plugin.compare import compare_runs
 from mltrace.rules import invoke_rule
 from mltrace.rules.builtin.vanishing_gradient import VanishingGradient
 from mltrace.trials import create_trial
-from mlflow_plugin import _tracking
-from mlflow_plugin.compare import compare_runs
 from tests.mlflow_env import train
 from tests.servers import mlflow_server, s3_server  # noqa: F401
 

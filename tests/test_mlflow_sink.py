@@ -9,19 +9,18 @@ import signal
 import threading
 import time
 
+import mlflow
 import numpy as np
 import pytest
-
-import mlflow
 from mlflow import MlflowClient
 from mlflow.utils.validation import _validate_metric_name, _validate_param_name, _validate_tag_name
 
 import mltrace
 import mltrace.pytorch as smd
+from mlflow_plugin import _keys, _tracking
 from mltrace.exceptions import MltraceValueError
 from mltrace.format import paths
 from mltrace.trials import create_trial
-from mlflow_plugin import _keys, _tracking
 from tests.mlflow_env import mlflow_template_db, tracking, train  # noqa: F401
 
 LOSS = "MSELoss_output_0"

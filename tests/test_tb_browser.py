@@ -249,9 +249,9 @@ def test_collections_and_rules_panels_escape_names(fast_server, browser):
 def test_mltrace_tensorboard_on_s3(s3_server, tmp_path):  # noqa: F811 - fixture
     """A hook writes a trial and its export to S3 (SeaweedFS); ``mltrace tensorboard s3://...``
     serves both: TensorBoard's S3 loader reads the export, the tab reads the trial."""
-    import mltrace.pytorch as smd
     from torch import nn
 
+    import mltrace.pytorch as smd
     from tests.torch_training import make_model, train
 
     s3_server.client().create_bucket(Bucket="tbtest")

@@ -27,7 +27,15 @@ from mltrace.trials import create_trial
 from tb_plugin import discovery, launch, loader, metadata, views
 from tb_plugin.plugin import MltracePlugin
 from tests.rule_trials import write_trial
-from tests.tb_trials import GRAD, LOSS, MLFLOW_URL, WEIGHT, make_plain_tensorboard_run, make_torch_trial, make_worker_trial
+from tests.tb_trials import (
+    GRAD,
+    LOSS,
+    MLFLOW_URL,
+    WEIGHT,
+    make_plain_tensorboard_run,
+    make_torch_trial,
+    make_worker_trial,
+)
 
 TRAIN, EVAL = ModeKeys.TRAIN, ModeKeys.EVAL
 

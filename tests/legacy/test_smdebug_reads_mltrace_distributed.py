@@ -12,10 +12,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from smdebug.core.modes import ModeKeys as SmdModeKeys
-from smdebug.trials import create_trial as smd_create_trial
 from smdebug.core.tensor import StepState as SmdStepState
+from smdebug.trials import create_trial as smd_create_trial
 
-from mltrace.trials import StepState, create_trial as ml_create_trial
+from mltrace.trials import StepState
+from mltrace.trials import create_trial as ml_create_trial
 from tests.ddp_training import run_job
 
 STEPS = 3
