@@ -91,8 +91,8 @@ def create_sink(hook: Any, options: dict[str, Any]) -> Any:
     if options.get("tags") is not None and not isinstance(options["tags"], dict):
         raise MltraceValueError(f"mlflow option tags={options['tags']!r} must be a dict")
     try:
-        worker, _ = hook._worker_identity()
-        if worker != hook._chief_worker():
+        worker, _ = hook.adapter.worker_identity()
+        if worker != hook.adapter.chief_worker():
             logger.info("worker %s does not log to MLflow (the chief worker does)", worker)
             return NullSink()
     except Exception:  # identity not known yet: log from this process

@@ -5,16 +5,14 @@ mltrace.trials, rules in mltrace.rules.
 """
 
 from mltrace import modes
-from mltrace._logging import configure_from_env as _configure_logging
+from mltrace._logging import configure_from_env as configure_logging
 from mltrace._version import __version__
 from mltrace.collections import Collection, CollectionKeys
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
 from mltrace.modes import ModeKeys
 from mltrace.trials import create_trial
 
-_configure_logging()
-
 __all__ = [
     "__version__", "modes", "ModeKeys", "SaveConfig", "SaveConfigMode", "ReductionConfig",
-    "Collection", "CollectionKeys", "create_trial",
+    "Collection", "CollectionKeys", "create_trial", "configure_logging",
 ]

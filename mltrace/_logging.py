@@ -1,7 +1,10 @@
 """The ``mltrace`` logger's level from MLTRACE_LOG_LEVEL (or smdebug's and Tornasole's variables).
 
-Levels: DEBUG, INFO, WARNING, ERROR, CRITICAL, or OFF. The library never configures handlers
-beyond a stderr handler on the ``mltrace`` logger when the variable is set.
+Levels: DEBUG, INFO, WARNING, ERROR, CRITICAL, or OFF. Importing mltrace configures nothing: the
+variables are applied when the application calls ``mltrace.configure_logging()``, or enters
+mltrace through a hook or a command-line tool (a user who sets the variable asked for it). The
+library never configures handlers beyond a stderr handler on the ``mltrace`` logger when the
+variable is set.
 """
 
 from __future__ import annotations

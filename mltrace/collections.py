@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from mltrace.config import ReductionConfig, SaveConfig, bump_config_generation
+from mltrace.config import ReductionConfig, SaveConfig
 from mltrace.exceptions import MltraceValueError
 
 logger = logging.getLogger(__name__)
@@ -177,13 +177,17 @@ class Collection:
         if self._save_config is None:
             base = self._inherited_save_config
             self._save_config = base.copy() if base is not None else SaveConfig()
-            bump_config_generation()
         return self._save_config
 
     @save_config.setter
     def save_config(self, value: Any) -> None:
         self._save_config = None if value is None else SaveConfig.parse(value)
-        bump_config_generation()
+
+    def inherit(self, save_config: SaveConfig | None, reduction_config: ReductionConfig | None) -> None:
+        """Use the hook's ``save_config`` and ``reduction_config`` where this collection sets none
+        of its own (the hook calls this for each of its collections)."""
+        self._inherited_save_config = save_config
+        self._inherited_reduction_config = reduction_config
 
     def has_own_save_config(self) -> bool:
         """True once a SaveConfig was set on (or read from) this collection."""
@@ -361,7 +365,7 @@ class PendingCollections:
     def of(self, hook: Any, hook_type: type, name: str, create: bool = True) -> Collection:
         """What an adapter's module-level ``get_collection(name)`` returns: the collection of
         ``hook`` while it is an open hook of the adapter (``hook_type``), else the pending one."""
-        if isinstance(hook, hook_type) and not hook._closed:
+        if isinstance(hook, hook_type) and not hook.closed:
             return hook.get_collection(name, create)  # type: ignore[no-any-return]
         return self.get(name, create)
 

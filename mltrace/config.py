@@ -15,21 +15,6 @@ from mltrace.modes import ALLOWED_MODES, ModeKeys, mode_from
 
 DEFAULT_SAVE_INTERVAL = 500
 
-#: Bumped whenever a SaveConfigMode object is swapped for another (set_save_config, a collection
-#: getting its own config): hooks cache which SaveConfigMode rules each step and check this.
-_generation = [0]
-
-
-def config_generation() -> int:
-    """A number that changes whenever a save configuration object is replaced."""
-    return _generation[0]
-
-
-def bump_config_generation() -> None:
-    """Tell hooks that cached save configurations must be looked up again."""
-    _generation[0] += 1
-
-
 def _as_int(name: str, value: Any, minimum: int | None = None, allow_none: bool = False) -> int | None:
     """Coerce ``value`` (an int or a decimal string, as smdebug's JSON allows) or raise clearly."""
     if value is None and allow_none:
@@ -318,7 +303,6 @@ class SaveConfig:
     def set_save_config(self, mode: ModeKeys | str, save_config_mode: SaveConfigMode) -> None:
         """Replace the rule of one mode."""
         self.mode_save_configs[mode_from(mode)] = save_config_mode
-        bump_config_generation()
 
     def should_save_step(self, mode: ModeKeys, step: int) -> bool:
         """True if mode step ``step`` of ``mode`` is due."""

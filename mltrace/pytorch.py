@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -32,7 +33,11 @@ from mltrace.collections import CollectionKeys, PendingCollections, manager_with
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
 from mltrace.exceptions import MltraceTypeError, MltraceValueError
 from mltrace.format.tensors import BFloat16Bits
-from mltrace.hook import BaseHook, as_numpy, check_tensor_name, get_hook, guarded
+from mltrace.capture.adapter import Adapter, ReductionItems, as_numpy
+from mltrace.capture.errors import ErrorPolicy, guarded
+from mltrace.capture.options import HookOptions
+from mltrace.hook import Hook as CoreHook
+from mltrace.hook import check_tensor_name, get_hook
 from mltrace.json_config import create_hook_from_config
 from mltrace.reductions import canonical_name
 from mltrace.trials import create_trial
@@ -85,11 +90,188 @@ def add_to_collection(collection_name: str, args: Any) -> None:
     get_collection(collection_name).include(args)
 
 
-class Hook(BaseHook):
+class TorchAdapter(Adapter):
+    """The PyTorch side of the capture: module and parameter callbacks, host copies and
+    on-device reductions of torch tensors, the worker's rank. Names are kept here, never
+    written onto the user's modules."""
+
+    def __init__(self) -> None:
+        self.hook: Hook | None = None  # set by Hook right after it is built
+        self.errors = ErrorPolicy(False, lambda reason: None)  # replaced by the hook's
+        self.modules: list[torch.nn.Module] = []
+        self.names: dict[int, str] = {}  # id(module) -> its tensor-name prefix
+        self._owned: list[torch.nn.Module] = []  # keeps ids in ``names`` from being reused
+        self._handles: list[Any] = []
+        self._io_index: dict[str, int] = {}
+
+    def attach(self, hook: Hook) -> None:
+        """Bind to ``hook`` (its error policy guards the callbacks below)."""
+        self.hook = hook
+        self.errors = hook.errors
+
+    # -- Adapter protocol -------------------------------------------------------------------------
+    def worker_identity(self) -> tuple[str, int]:
+        """``worker_<rank>`` and the world size, asked when the first step starts, from (as
+        smdebug) torch.distributed if initialized, else Horovod if the job initialized it."""
+        if dist.is_available() and dist.is_initialized():
+            return f"worker_{dist.get_rank()}", dist.get_world_size()
+        hvd = _horovod()
+        if hvd is not None:
+            return f"worker_{hvd.rank()}", hvd.size()
+        return "worker_0", 1
+
+    def to_numpy(self, value: Any) -> np.ndarray:
+        """A host copy of a torch tensor (bfloat16 as its bits); other values as numpy."""
+        if not isinstance(value, torch.Tensor):
+            return as_numpy(value)
+        if value.dtype == torch.bfloat16:
+            return value.detach().cpu().view(torch.uint16).numpy().view(BFloat16Bits)
+        try:
+            return value.numpy(force=True)  # detach, host copy and conj/neg resolution in one call
+        except TypeError as exc:  # quantized, float8, complex32: dtypes numpy does not have
+            raise MltraceTypeError(
+                f"cannot save a tensor of dtype {value.dtype}: {exc} (numpy has no such dtype; "
+                "save a converted copy: tensor.float(), or tensor.dequantize() if quantized)"
+            ) from exc
+
+    def reduce(self, value: Any, items: ReductionItems) -> list[np.ndarray | None]:
+        """Reductions on the tensor's device, one device-to-host copy per tensor."""
+        # Complex tensors and huge medians take numpy's path on the host.
+        big_median = any(n == "median" for n, _ in items) and getattr(value, "numel", lambda: 0)() > _QUANTILE_LIMIT
+        if not isinstance(value, torch.Tensor) or value.is_complex() or big_median:
+            return super().reduce(value, items)
+        return torch_reductions(value, items)
+
+    def on_prepare(self) -> None:
+        """Turn modules added with Collection.add_module_tensors into regexes of their names."""
+        assert self.hook is not None
+        for coll in self.hook.collection_manager.get_collections().values():
+            for module, (inputs, outputs) in getattr(coll, "modules", {}).items():
+                name = self.names.get(id(module))
+                if name is None:
+                    raise MltraceValueError(
+                        f"collection {coll.name!r} holds a module that is not part of a registered "
+                        "model: call hook.register_module(model) on the model that contains it"
+                    )
+                if inputs:
+                    coll.include(f"^{re.escape(name)}_input_")
+                if outputs:
+                    coll.include(f"^{re.escape(name)}_output_")
+
+    def on_prepared(self) -> None:
+        """Keep only the callbacks whose tensors a saved collection can match."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        for module in self.modules:
+            self._install_tensor_hooks(module)
+
+    # -- attaching to PyTorch ---------------------------------------------------------------------
+    def register_module(self, module: torch.nn.Module) -> None:
+        """Attach to a model: step boundaries, parameters, gradients, module I/O."""
+        if not isinstance(module, torch.nn.Module):
+            raise MltraceTypeError(f"register_module needs a torch.nn.Module, got {type(module).__name__}")
+        if any(module is m for m in self.modules):
+            raise MltraceValueError("this module is already registered with the hook; register it once")
+        root = type(module).__name__  # what torch prints as the module's name
+        named = list(module.named_modules())
+        for name, _ in named:  # torch allows names no trial can store (lone surrogates)
+            if name:
+                check_tensor_name(name, "module name")
+        for name, sub in named:
+            self._name(sub, name)
+        self._name(module, root)
+        self.modules.append(module)
+        module.register_forward_pre_hook(self._forward_pre_hook)
+        self._install_tensor_hooks(module)
+
+    def register_loss(self, loss_module: torch.nn.Module) -> None:
+        """Save the output of a loss module as ``<LossClass>_output_0``."""
+        if not isinstance(loss_module, torch.nn.Module):
+            raise MltraceTypeError(f"register_loss needs a loss module, got {type(loss_module).__name__}")
+        self._name(loss_module, type(loss_module).__name__)
+        loss_module.register_forward_hook(self._forward_hook)
+
+    def _name(self, module: torch.nn.Module, name: str) -> None:
+        if id(module) not in self.names:
+            self._owned.append(module)
+        self.names[id(module)] = name
+
+    def _install_tensor_hooks(self, module: torch.nn.Module) -> None:
+        """Forward hooks on submodules and gradient hooks on parameters. Before the first step
+        all are installed; once collections are prepared, only those whose tensors some saved
+        collection can match stay (a hook that fires every step costs even when it saves nothing)."""
+        assert self.hook is not None
+        plan = self.hook.plan
+        root = self.names[id(module)]
+        for sub in module.modules():
+            if plan.prepared and not self._may_save_io(self.names[id(sub)]):
+                continue
+            self._handles.append(sub.register_forward_hook(self._forward_hook))
+        for pname, param in module.named_parameters():
+            name = f"{GRADIENT_PREFIX}{root}_{pname}"
+            # frozen parameters get no gradient (smdebug issue #184)
+            if param.requires_grad and (not plan.prepared or plan.may_save(name)):
+                self._handles.append(param.register_hook(self._gradient_hook(name)))
+
+    def _may_save_io(self, module_name: str) -> bool:
+        assert self.hook is not None
+        return any(self.hook.plan.may_save(f"{module_name}{suffix}{i}")
+                   for suffix in ("_input_", "_output_") for i in range(4))
+
+    # -- callbacks from PyTorch -------------------------------------------------------------------
+    @guarded()
+    def _forward_pre_hook(self, module: torch.nn.Module, inputs: Any) -> None:
+        hook = self.hook
+        if hook is None or module is not self.modules[0]:
+            return
+        hook.begin_step()
+        if hook.stop_requested is not None:
+            # A rule asked to stop: finish the trial, then end the user's loop at this boundary.
+            raise hook.stop_training_error()
+        self._io_index.clear()
+        if hook.step_active:
+            root = self.names[id(module)]
+            for pname, param in module.named_parameters():
+                hook.save_for_tensor(f"{root}_{pname}", param)
+
+    @guarded()
+    def _forward_hook(self, module: torch.nn.Module, inputs: Any, outputs: Any) -> None:
+        if self.hook is None or not self.hook.step_active:
+            return
+        name = self.names[id(module)]
+        self.save_io(name, "_input_", inputs)
+        self.save_io(name, "_output_", outputs)
+
+    def _gradient_hook(self, name: str) -> Any:
+        def on_gradient(grad: torch.Tensor) -> None:
+            if self.hook is not None and self.hook.step_active and grad is not None:
+                self._save_gradient(name, grad)
+
+        return on_gradient
+
+    @guarded()
+    def _save_gradient(self, name: str, grad: torch.Tensor) -> None:
+        assert self.hook is not None
+        self.hook.save_for_tensor(name, grad)
+
+    def save_io(self, module_name: str, suffix: str, value: Any) -> None:
+        """Save the tensors in ``value`` as ``<module_name><suffix><i>``, counting on from the
+        module's earlier calls this step."""
+        assert self.hook is not None
+        prefix = module_name + suffix
+        index = self._io_index.get(prefix, 0)
+        for tensor in _flatten_tensors(value):
+            self.hook.save_for_tensor(f"{prefix}{index}", tensor)  # detached only if saved
+            index += 1
+        self._io_index[prefix] = index
+
+
+class Hook(CoreHook):
     """Saves weights, biases, gradients, losses and module inputs/outputs of a PyTorch model.
 
-    Args: as mltrace.hook.BaseHook (smdebug's constructor), plus ``saveall`` (Tornasole's
-    spelling of ``save_all``).
+    Args: smdebug's constructor (each is described in mltrace.capture.options.HookOptions),
+    plus ``saveall`` (Tornasole's spelling of ``save_all``).
 
     When a rule's StopTraining action fires, the next forward pass of the registered model
     closes the trial and raises mltrace.exceptions.StopTrainingRequested: catch it around your
@@ -115,201 +297,59 @@ class Hook(BaseHook):
         mlflow: bool | dict[str, Any] | None = None,
         stop_check_interval: float | None = None,
     ) -> None:
-        manager = _pending.take()
-        super().__init__(
-            out_dir,  # type: ignore[arg-type]
-            export_tensorboard, tensorboard_dir, dry_run, reduction_config, save_config,
+        options = HookOptions(
+            out_dir or "", export_tensorboard, tensorboard_dir, dry_run, reduction_config, save_config,
             include_regex, include_collections, bool(save_all or saveall), include_workers, strict,
-            mlflow, stop_check_interval,
-            collection_manager=manager,
-            default_include_collections=self._default_include,
-            default_saved_collections=DEFAULT_INCLUDE_COLLECTIONS,
-        )
-        self._modules: list[torch.nn.Module] = []
-        self._handles: list[Any] = []
-        self._root_names: dict[int, str] = {}
-        self._io_index: dict[str, int] = {}
+            mlflow, stop_check_interval)
+        self.torch = TorchAdapter()
+        super().__init__(options, self.torch, collection_manager=_pending.take(),
+                         default_include_collections=self._default_include,
+                         default_saved_collections=DEFAULT_INCLUDE_COLLECTIONS)
+        self.torch.attach(self)
 
     @classmethod
     def create_from_json_file(cls, json_file_path: str | None = None) -> Hook:
         """Build a hook from smdebug's JSON configuration (see mltrace.json_config)."""
         return create_hook_from_config(cls, json_file_path)
 
-    # -- worker identity --------------------------------------------------------------------------
-    def _worker_identity(self) -> tuple[str, int]:
-        """``worker_<rank>`` and the world size, asked when the first step starts, from (as
-        smdebug) torch.distributed if initialized, else Horovod if the job initialized it."""
-        if dist.is_available() and dist.is_initialized():
-            return f"worker_{dist.get_rank()}", dist.get_world_size()
-        hvd = _horovod()
-        if hvd is not None:
-            return f"worker_{hvd.rank()}", hvd.size()
-        return "worker_0", 1
-
-    # -- registration -----------------------------------------------------------------------------
-    @guarded()
+    @guarded(user_facing=True)
     def register_module(self, module: torch.nn.Module) -> None:
         """Attach the hook to a model: step boundaries, parameters, gradients, module I/O."""
-        if not isinstance(module, torch.nn.Module):
-            raise MltraceTypeError(f"register_module needs a torch.nn.Module, got {type(module).__name__}")
-        if any(module is m for m in self._modules):
-            raise MltraceValueError("this module is already registered with the hook; register it once")
-        root = module._get_name()
-        named = list(module.named_modules())
-        for name, _ in named:  # torch allows names no trial can store (lone surrogates)
-            if name:
-                check_tensor_name(name, "module name")
-        for name, sub in named:
-            sub._mltrace_name = name  # type: ignore[assignment]
-        module._mltrace_name = root  # type: ignore[assignment]
-        self._modules.append(module)
-        module.register_forward_pre_hook(self._forward_pre_hook)
-        self._root_names[id(module)] = root
-        self._install_tensor_hooks(module)
-
-    def _install_tensor_hooks(self, module: torch.nn.Module) -> None:
-        """Forward hooks on submodules and gradient hooks on parameters. Before the first step
-        all are installed; once collections are prepared, only those whose tensors some saved
-        collection can match stay (a hook that fires every step costs even when it saves nothing)."""
-        root = self._root_names[id(module)]
-        for sub in module.modules():
-            if self._prepared and not self._may_save_io(sub._mltrace_name):  # type: ignore[attr-defined]
-                continue
-            self._handles.append(sub.register_forward_hook(self._forward_hook))
-        for pname, param in module.named_parameters():
-            name = f"{GRADIENT_PREFIX}{root}_{pname}"
-            # frozen parameters get no gradient (smdebug issue #184)
-            if param.requires_grad and (not self._prepared or self._may_save(name)):
-                self._handles.append(param.register_hook(self._gradient_hook(name)))
-
-    def _may_save(self, name: str) -> bool:
-        return name in self._nan_watch or any(c.matches(name) for c in self._collections_to_save)
-
-    def _may_save_io(self, module_name: str) -> bool:
-        return any(self._may_save(f"{module_name}{suffix}{i}") for suffix in ("_input_", "_output_")
-                   for i in range(4))
-
-    def _reinstall_tensor_hooks(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-        for module in self._modules:
-            self._install_tensor_hooks(module)
+        self.torch.register_module(module)
 
     register_hook = register_module  # Tornasole's name
 
-    @guarded()
+    @guarded(user_facing=True)
     def register_loss(self, loss_module: torch.nn.Module) -> None:
         """Save the output of a loss module as ``<LossClass>_output_0`` (collection losses)."""
-        if not isinstance(loss_module, torch.nn.Module):
-            raise MltraceTypeError(f"register_loss needs a loss module, got {type(loss_module).__name__}")
-        loss_module._mltrace_name = loss_module._get_name()  # type: ignore[assignment]
-        loss_module.register_forward_hook(self._forward_hook)
+        self.torch.register_loss(loss_module)
 
-    # -- callbacks from PyTorch -------------------------------------------------------------------
-    def _resolve_module_collections(self) -> None:
-        for coll in self.collection_manager.get_collections().values():
-            for module, (inputs, outputs) in getattr(coll, "modules", {}).items():
-                name = getattr(module, "_mltrace_name", None)
-                if name is None:
-                    raise MltraceValueError(
-                        f"collection {coll.name!r} holds a module that is not part of a registered "
-                        "model: call hook.register_module(model) on the model that contains it"
-                    )
-                if inputs:
-                    coll.include(f"^{_escape(name)}_input_")
-                if outputs:
-                    coll.include(f"^{_escape(name)}_output_")
-
-    def _prepare_collections(self) -> None:
-        self._resolve_module_collections()
-        super()._prepare_collections()
-        self._reinstall_tensor_hooks()
-
-    @guarded()
-    def _forward_pre_hook(self, module: torch.nn.Module, inputs: Any) -> None:
-        if module is not self._modules[0]:
-            return
-        self._begin_step()
-        if self.stop_requested is not None:
-            # A rule asked to stop: finish the trial, then end the user's loop at this boundary.
-            self.close()
-            raise self._stop_training_error()
-        self._io_index.clear()
-        if self.step_active:
-            root = self._root_names[id(module)]
-            for pname, param in module.named_parameters():
-                self._save_for_tensor(f"{root}_{pname}", param)
-
-    @guarded()
-    def _forward_hook(self, module: torch.nn.Module, inputs: Any, outputs: Any) -> None:
-        if not self.step_active:
-            return
-        name = module._mltrace_name  # type: ignore[attr-defined]
-        self._save_io(name, "_input_", inputs)
-        self._save_io(name, "_output_", outputs)
-
-    def _gradient_hook(self, name: str) -> Any:
-        def on_gradient(grad: torch.Tensor) -> None:
-            if self.step_active and grad is not None:
-                self._save_gradient(name, grad)
-
-        return on_gradient
-
-    @guarded()
-    def _save_gradient(self, name: str, grad: torch.Tensor) -> None:
-        self._save_for_tensor(name, grad)
-
-    def _save_io(self, module_name: str, suffix: str, value: Any) -> None:
-        prefix = module_name + suffix
-        index = self._io_index.get(prefix, 0)
-        for tensor in _flatten_tensors(value):
-            self._save_for_tensor(f"{prefix}{index}", tensor)  # detached only if saved
-            index += 1
-        self._io_index[prefix] = index
-
-    @guarded()
+    @guarded(user_facing=True)
     def record_tensor_value(self, tensor_name: str, tensor_value: torch.Tensor) -> None:
         """Save a value computed outside a module (a functional loss) as ``<name>_output_0``."""
         check_tensor_name(tensor_name, "record_tensor_value name")
         if not isinstance(tensor_value, torch.Tensor):
             raise MltraceTypeError(f"record_tensor_value({tensor_name!r}) needs a torch.Tensor")
         if self.step_active:
-            self._save_io(tensor_name, "_output_", tensor_value)
+            self.torch.save_io(tensor_name, "_output_", tensor_value)
 
-    # -- tensor conversion ------------------------------------------------------------------------
-    def _to_numpy(self, value: Any) -> np.ndarray:
-        if not isinstance(value, torch.Tensor):
-            return as_numpy(value)
-        if value.dtype == torch.bfloat16:
-            return value.detach().cpu().view(torch.uint16).numpy().view(BFloat16Bits)
-        try:
-            return value.numpy(force=True)  # detach, host copy and conj/neg resolution in one call
-        except TypeError as exc:  # quantized, float8, complex32: dtypes numpy does not have
-            raise MltraceTypeError(
-                f"cannot save a tensor of dtype {value.dtype}: {exc} (numpy has no such dtype; "
-                "save a converted copy: tensor.float(), or tensor.dequantize() if quantized)"
-            ) from exc
 
-    def _reduce(self, value: Any, items: list[tuple[str, bool]]) -> list[np.ndarray | None]:
-        # Complex tensors and huge medians take numpy's path on the host.
-        big_median = any(n == "median" for n, _ in items) and getattr(value, "numel", lambda: 0)() > _QUANTILE_LIMIT
-        if not isinstance(value, torch.Tensor) or value.is_complex() or big_median:
-            return super()._reduce(value, items)
-        if value.numel() == 0:
-            return [None] * len(items)
-        if value.is_quantized:
-            raise MltraceTypeError(f"cannot reduce a quantized tensor ({value.dtype}); save "
-                                   "tensor.dequantize() instead")
-        t = value.detach().reshape(-1)
-        if not t.is_floating_point():
-            t = t.double()  # ints and bools reduce in float64, as numpy's definition here says
-        elif t.dtype in (torch.float16, torch.bfloat16) or t.element_size() == 1:
-            t = t.float()  # float8 too: torch has few operators for it
-        names = [canonical_name(name) for name, _ in items]
-        outs = [_torch_reduction(t, name, abs_).double() for name, (_, abs_) in zip(names, items)]
-        host = torch.stack(outs).cpu().numpy()  # one device-to-host copy per tensor
-        return [np.asarray(np.int64(h) if n in _COUNTS else h) for n, h in zip(names, host)]
+def torch_reductions(value: torch.Tensor, items: ReductionItems) -> list[np.ndarray | None]:
+    """mltrace.reductions' definitions computed with torch ops on ``value``'s device."""
+    if value.numel() == 0:
+        return [None] * len(items)
+    if value.is_quantized:
+        raise MltraceTypeError(f"cannot reduce a quantized tensor ({value.dtype}); save "
+                               "tensor.dequantize() instead")
+    t = value.detach().reshape(-1)
+    if not t.is_floating_point():
+        t = t.double()  # ints and bools reduce in float64, as numpy's definition here says
+    elif t.dtype in (torch.float16, torch.bfloat16) or t.element_size() == 1:
+        t = t.float()  # float8 too: torch has few operators for it
+    names = [canonical_name(name) for name, _ in items]
+    outs = [_torch_reduction(t, name, abs_).double() for name, (_, abs_) in zip(names, items)]
+    host = torch.stack(outs).cpu().numpy()  # one device-to-host copy per tensor
+    return [np.asarray(np.int64(h) if n in _COUNTS else h) for n, h in zip(names, host)]
 
 
 _QUANTILE_LIMIT = 16_000_000
@@ -368,12 +408,6 @@ def _flatten_tensors(value: Any) -> list[torch.Tensor]:
     if isinstance(value, (tuple, list)):
         return [t for v in value for t in _flatten_tensors(v)]
     return []
-
-
-def _escape(name: str) -> str:
-    import re
-
-    return re.escape(name)
 
 
 class TornasoleHook(Hook):

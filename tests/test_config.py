@@ -9,7 +9,7 @@ import pytest
 from mltrace.collections import CollectionManager
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
 from mltrace.exceptions import MltraceValueError
-from mltrace.hook import BaseHook
+from mltrace.hook import Hook, HookOptions
 from mltrace.modes import ModeKeys
 
 ALL_MODES = list(ModeKeys)
@@ -150,13 +150,9 @@ def test_save_config_mode_is_mutable():
 
 
 def test_collection_end_step_zero_leaves_hook_config_alone(tmp_path):
-    hook = BaseHook(
-        out_dir=str(tmp_path / "run"),
-        dry_run=True,
-        save_config=SaveConfig(save_interval=10),
+    hook = Hook(
+        HookOptions(out_dir=str(tmp_path / "run"), dry_run=True, save_config=SaveConfig(save_interval=10)),
         collection_manager=CollectionManager(),
-        default_include_collections=[],
-        default_saved_collections=[],
     )
     try:
         metrics = hook.get_collection("metrics")

@@ -489,7 +489,7 @@ def test_a_tensor_the_encoder_cannot_handle(tmp_path, caplog, strict):
             hook.record_tensor_value("odd_fp8", odd[0])
             hook.record_tensor_value("odd_q", odd[1])
         hook.close()
-    assert not hook._disabled
+    assert not hook.disabled
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warned) == 2, warned  # once per tensor, not per step
     assert all("not saving tensor" in m for m in warned), warned

@@ -1,6 +1,7 @@
-"""Log level from MLTRACE_LOG_LEVEL, SMDEBUG_LOG_LEVEL or TORNASOLE_LOG_LEVEL, read at import.
+"""Log level from MLTRACE_LOG_LEVEL, SMDEBUG_LOG_LEVEL or TORNASOLE_LOG_LEVEL, applied when the
+application asks (``mltrace.configure_logging()``) or builds a hook, never by ``import mltrace``.
 
-Each case runs a fresh interpreter: the variables are read once, when mltrace is imported.
+Each case runs a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ LEVEL_VARS = ("MLTRACE_LOG_LEVEL", "SMDEBUG_LOG_LEVEL", "TORNASOLE_LOG_LEVEL")
 PROBE = """
 import json, logging, sys
 import mltrace
+mltrace.configure_logging()
 logger = logging.getLogger("mltrace")
 child = logging.getLogger("mltrace.probe")
 logging.basicConfig(level=logging.DEBUG, stream=sys.stderr)  # a user's root handler
@@ -101,3 +103,24 @@ def test_bad_level_warns_and_names_the_variable():
     state, stderr = run_probe({"MLTRACE_LOG_LEVEL": "loud"})
     assert state["level"] == logging.NOTSET
     assert "MLTRACE_LOG_LEVEL" in stderr and "'loud'" in stderr
+
+
+IMPORT_ONLY = """
+import json, logging, sys
+import mltrace
+before = logging.getLogger("mltrace").level
+from mltrace.hook import Hook, HookOptions
+Hook(HookOptions(out_dir=sys.argv[1], dry_run=True)).close()
+print(json.dumps({"after_import": before, "after_hook": logging.getLogger("mltrace").level}))
+"""
+
+
+def test_import_configures_nothing_and_a_hook_applies_the_variable(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in LEVEL_VARS}
+    env["MLTRACE_LOG_LEVEL"] = "error"
+    python = str(PYTHON) if PYTHON.exists() else sys.executable
+    proc = subprocess.run([python, "-c", IMPORT_ONLY, str(tmp_path / "run")], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    state = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert state == {"after_import": logging.NOTSET, "after_hook": logging.ERROR}

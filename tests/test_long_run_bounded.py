@@ -61,9 +61,9 @@ def test_long_run_keeps_per_step_state_bounded_and_writes_every_file(tmp_path):
     assert not grown, f"containers growing with the steps (size at step {EARLY}, {STEPS}): {grown}"
     # The candidates bench/long_run.py looks at, named, so that a failure says which one.
     assert len(hook.storage._made_dirs) <= local._MADE_DIRS_KEPT
-    assert len(hook._written_this_step) <= 9  # 2 weights, 2 biases, 4 gradients, 1 loss
-    assert len(hook._tensor_collections) <= 16
-    assert hook._nan_buffer == [] and len(hook._pending_scalars) <= 1
+    assert len(hook.outputs.written) <= 9  # 2 weights, 2 biases, 4 gradients, 1 loss
+    assert hook.plan.memo_size <= 16
+    assert hook.nan_watch.held == [] and len(hook.outputs.pending_scalars) <= 1
     assert hook.writer.failures.messages == []
     assert all(len(c.tensor_names) <= 9 for c in hook.collection_manager.get_collections().values())
 

@@ -288,7 +288,7 @@ def test_unknown_mode_raises_instead_of_disabling_the_hook(tmp_path):
     with pytest.raises(MltraceValueError) as info:
         hook.set_mode("TRAINING")
     _assert_clear(info.value, "'TRAINING'", "TRAIN", "EVAL")
-    assert not hook._disabled
+    assert not hook.disabled
     hook.set_mode(smd.modes.TRAIN)
     model = _model()
     hook.register_module(model)
@@ -356,7 +356,7 @@ def test_save_tensor_into_bad_collection_names(tmp_path, names):
     hook = smd.Hook(out_dir=str(tmp_path / "run"))
     with pytest.raises(MltraceValueError, match="collections_to_write"):
         hook.save_tensor("t", np.ones(2), collections_to_write=names)
-    assert not hook._disabled
+    assert not hook.disabled
     hook.close()
 
 
@@ -587,7 +587,7 @@ def test_odd_names_round_trip_to_trial_tensorboard_and_mlflow_and_stay_inside_ou
                     save()
     run_id = hook.sinks[0].run_id
     hook.close()
-    assert not hook._disabled
+    assert not hook.disabled
 
     # 1. The trial holds every name exactly, with its values.
     trial = create_trial(str(out_dir))
@@ -669,7 +669,7 @@ def test_module_name_that_utf8_cannot_store_is_refused_at_registration(tmp_path)
     with pytest.raises(MltraceValueError) as info:
         hook.register_module(model)
     _assert_clear(info.value, "module name", "UTF-8")
-    assert not hook._disabled
+    assert not hook.disabled
     with pytest.raises(MltraceValueError, match="record_tensor_value name is empty"):
         hook.record_tensor_value("", torch.ones(1))
 

@@ -165,7 +165,7 @@ def test_metric_names_and_values_respect_mlflow_limits(tracking, tmp_path):
 
     hook = smd.Hook(out_dir=str(tmp_path / "trial"), mlflow=True)
     for step in range(3):
-        hook._begin_step()  # no model: advance steps by hand
+        hook.begin_step()  # no model: advance steps by hand
         hook.save_scalar("val acc:top-1 (%)", step)
         hook.save_scalar("weird//name/", step)
     run_id = hook.sinks[0].run_id
@@ -192,7 +192,7 @@ def test_metrics_are_logged_by_a_helper_process(tracking, tmp_path, monkeypatch)
     calls = _spy_log_batch(monkeypatch, sink)
     helper = sink._transport.proc
     for step in range(300):
-        hook._begin_step()
+        hook.begin_step()
         hook.save_scalar("acc", step / 300)
         if step == 150:
             time.sleep(0.5)  # let some batches go to the helper
@@ -211,7 +211,7 @@ def test_a_dead_helper_process_falls_back_to_a_thread(tracking, tmp_path, monkey
     sink._transport.proc.wait()
     with caplog.at_level(logging.WARNING, logger="mlflow_plugin"):
         for step in range(50):
-            hook._begin_step()
+            hook.begin_step()
             hook.save_scalar("acc", step / 50)
         hook.close()
     assert any("helper process" in r.getMessage() for r in caplog.records)
@@ -223,7 +223,7 @@ def test_thread_logging_is_batched_off_the_training_thread(tracking, tmp_path, m
     sink = hook.sinks[0]
     calls = _spy_log_batch(monkeypatch, sink)
     for step in range(2500):
-        hook._begin_step()
+        hook.begin_step()
         hook.save_scalar("lr", 0.1)
         hook.save_scalar("acc", step / 2500)
     hook.close()
@@ -246,7 +246,7 @@ def test_mlflow_failures_never_stop_training(tracking, tmp_path, monkeypatch, ca
     monkeypatch.setattr(sink.client, "log_batch", broken)
     with caplog.at_level(logging.ERROR, logger="mlflow_plugin"):
         for step in range(20):
-            hook._begin_step()
+            hook.begin_step()
             hook.save_scalar("loss", 1.0 / (step + 1))
         hook.close()
     assert sum("tracking server gone" in r.getMessage() for r in caplog.records) == 1

@@ -259,7 +259,7 @@ def test_bfloat16_tensors_are_binned_by_value(tmp_path):
 
     hook = smd.Hook(out_dir=str(tmp_path / "run"), export_tensorboard=True, save_config=smd.SaveConfig(save_interval=1))
     hook.set_mode(smd.modes.TRAIN)
-    hook._begin_step()
+    hook.begin_step()
     hook.save_tensor("bf", torch.tensor([1.5, -2.25, 4.0], dtype=torch.bfloat16), "weights")
     hook.close()
     (histo,) = _accumulator(tmp_path / "run" / "tensorboard" / "TRAIN").Histograms("weights/bf")

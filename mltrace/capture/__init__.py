@@ -1,0 +1,14 @@
+"""The capture core: the framework-neutral parts a hook is made of.
+
+``mltrace.hook.Hook`` composes them; each is small enough to read on its own:
+
+- ``options.HookOptions``: the hook's settings, validated once.
+- ``adapter.Adapter``: what a framework supplies (worker identity, host copies and reductions of
+  its tensors, events at step boundaries); every adapter implements it and overrides nothing else.
+- ``clock.StepClock``: the global step, the mode and each mode's step.
+- ``plan.SavePlan``: which collections are saved, which tensor belongs to which, what is due.
+- ``nan_watch.NanWatch``: tensors held back until a NaN shows up in a watched one.
+- ``outputs.Outputs``: the trial writer, the TensorBoard export and the tracking sinks.
+- ``stop.StopSignal``: a rule's request to stop training.
+- ``errors.ErrorPolicy`` and ``errors.guarded``: an internal error disables the hook, never training.
+"""

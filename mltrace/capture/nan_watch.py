@@ -1,0 +1,44 @@
+"""Saving on NaN (SaveConfigMode ``when_nan``): tensors of collections that save on NaN are held
+(as host copies) through a step that is not due, and written only if a watched tensor turned NaN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+
+from mltrace.collections import Collection
+from mltrace.modes import ModeKeys
+
+
+class NanWatch:
+    """The watched tensor names, whether one of them was NaN this step, and the held values."""
+
+    def __init__(self) -> None:
+        self.watched: frozenset[str] = frozenset()
+        #: True once a watched tensor held a NaN in the current step.
+        self.seen = False
+        self.held: list[tuple[str, np.ndarray, tuple[Collection, ...]]] = []
+
+    def begin_step(self) -> None:
+        """Forget the previous step's NaN (its held values were written or dropped)."""
+        self.seen = False
+
+    def observe(self, name: str, array: np.ndarray) -> None:
+        """Note a NaN if ``name`` is watched and ``array`` holds one."""
+        if name in self.watched and array.dtype.kind in "fc" and bool(np.isnan(array).any()):
+            self.seen = True
+
+    def saving_on_nan(self, colls: Iterable[Collection], mode: ModeKeys) -> tuple[Collection, ...]:
+        """Those of ``colls`` whose save config for ``mode`` saves on NaN."""
+        return tuple(c for c in colls if c.effective_save_config().get_save_config(mode).when_nan)
+
+    def hold(self, name: str, array: np.ndarray, colls: tuple[Collection, ...]) -> None:
+        """Keep ``array`` until the step ends, to be written to ``colls`` if a NaN shows up."""
+        self.held.append((name, array, colls))
+
+    def take(self) -> list[tuple[str, np.ndarray, tuple[Collection, ...]]]:
+        """The held values to write at the step's end (none unless a NaN was seen); clears them."""
+        held, self.held = self.held, []
+        return held if self.seen else []

@@ -1,0 +1,216 @@
+"""Where a hook's tensors go: the trial writer (smdebug's format), the TensorBoard export and the
+tracking sinks (MLflow). One object, so the hook says "write this tensor" once.
+
+A sink is any object with ``log_scalar(name, value, mode, mode_step)`` and ``close()``;
+sinks are created through mltrace.plugins (entry point group ``mltrace.sinks``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from mltrace.capture.adapter import Adapter
+from mltrace.capture.clock import StepClock
+from mltrace.capture.plan import what_to_save
+from mltrace.collections import METRIC_COLLECTIONS, NON_REDUCTION_COLLECTIONS, SCALAR_COLLECTIONS, Collection
+from mltrace.exceptions import MltraceTypeError
+from mltrace.reductions import reduction_tensor_name
+from mltrace.storage.base import Storage
+from mltrace.tensorboard_export import TensorBoardWriter, clean_tag
+from mltrace.writer import TrialWriter
+
+logger = logging.getLogger("mltrace.hook")
+
+
+class Outputs:
+    """The trial writer, the TensorBoard writer and the sinks of one hook.
+
+    Args:
+        storage: the trial's storage.
+        tensorboard_dir: where TensorBoard summaries go, or None for no export.
+        strict: raise a sink's error (otherwise logged once per sink) and skip no odd tensor.
+        adapter: turns framework values into host arrays and reductions.
+        clock: the hook's step and mode.
+        collections_json: the collections file's content, written with the first step.
+    """
+
+    def __init__(self, storage: Storage, tensorboard_dir: str | None, strict: bool, adapter: Adapter,
+                 clock: StepClock, collections_json: Callable[[], str]) -> None:
+        self.storage = storage
+        self.tensorboard_dir = tensorboard_dir
+        self.strict = strict
+        self._adapter = adapter
+        self._clock = clock
+        self._collections_json = collections_json
+        self.writer: TrialWriter | None = None
+        self.tensorboard: TensorBoardWriter | None = None
+        self.sinks: list[Any] = []
+        #: Scalars saved this step (name, value, wall time), written when the step ends.
+        self.pending_scalars: list[tuple[str, np.ndarray, float | None]] = []
+        self._sink_errors: dict[int, int] = {}  # id(sink) -> errors so far (the first is logged)
+        #: Names written in the current step (a tensor is written once per step).
+        self.written: set[str] = set()
+        self._unsupported: set[str] = set()
+        self._collections_written = False
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def open(self, worker: str, chief: bool) -> None:
+        """Start writing as ``worker`` (the chief also owns the shared TensorBoard files)."""
+        self.writer = TrialWriter(self.storage, worker)
+        if self.tensorboard_dir:
+            self.tensorboard = TensorBoardWriter(self.tensorboard_dir, None if chief else worker)
+        self.write_collections()
+
+    def begin_step(self, open_files: bool) -> None:
+        """A new step; ``open_files`` if something may be written in it."""
+        self.written.clear()
+        if self.writer is not None and open_files:
+            self._open_step()
+
+    def _open_step(self) -> None:
+        assert self.writer is not None
+        if not self.writer.step_open:
+            clock = self._clock
+            self.writer.open_step(clock.step, clock.mode, clock.mode_step)
+
+    def end_step(self) -> None:
+        """Write the step's scalars and close its files (the collections file after the first)."""
+        if not self._clock.started or self.writer is None:
+            return
+        if self.pending_scalars:
+            self._open_step()
+            for name, value, ts in self.pending_scalars:
+                self._write_record(name, value, ts)
+                if self.tensorboard is not None:
+                    self.tensorboard.add_scalar(self._clock.step_mode, self._clock.step, name,
+                                                float(value.reshape(-1)[0]), ts)
+            self.pending_scalars.clear()
+        if self.writer.close_step() and not self._collections_written:
+            self.write_collections()
+            self._collections_written = True
+
+    def write_collections(self) -> None:
+        """(Re)write the collections file: tensor names are added to collections as seen."""
+        if self.writer is not None:
+            self.writer.write_collections(self._collections_json())
+
+    def finish(self, write_end_marker: bool) -> None:
+        """Close the writers (``write_end_marker``: the run ended normally)."""
+        if self.writer is None:  # never started (leave no files), a dry run, or another worker's
+            return
+        self.end_step()
+        self.write_collections()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None
+        if write_end_marker:
+            self.writer.write_end_marker()
+        self.writer.close()
+        self.writer = None
+
+    def raise_write_failure(self) -> None:
+        """For strict hooks: raise the first file that could not be written since the last look."""
+        for writer in (self.writer, self.tensorboard):
+            failure = writer.failures.take() if writer is not None else None
+            if failure is not None:
+                raise failure
+
+    # -- tensors --------------------------------------------------------------------------------
+    def write_tensor(self, name: str, value: Any, array: np.ndarray | None,
+                     colls: Iterable[Collection], on_host: bool = False) -> np.ndarray | None:
+        """Write the shape, reductions and raw value that ``colls`` ask for; returns the host
+        copy made (None if none was needed). A tensor is written once per step."""
+        if self.writer is None or name in self.written:
+            return None
+        self.written.add(name)
+        try:
+            return self._write_parts(name, value, array, list(colls), on_host)
+        except MltraceTypeError as exc:
+            # One odd tensor (say, a quantized dtype) must not stop the others from being saved.
+            if self.strict:
+                raise
+            if name not in self._unsupported:
+                self._unsupported.add(name)
+                logger.warning("not saving tensor %r: %s", name, exc)
+            return None
+
+    def _write_parts(self, name: str, value: Any, array: np.ndarray | None,
+                     colls: list[Collection], on_host: bool) -> np.ndarray | None:
+        save_raw, save_shape, items = what_to_save(colls)
+        self._open_step()
+        assert self.writer is not None
+        if (save_raw or save_shape) and array is None:
+            array = self._adapter.to_numpy(value)
+        if save_shape and array is not None:
+            self.writer.add_shape(name, array.shape)
+        if items:
+            results = self._adapter.reduce(array if on_host else value, items)
+            for (red, abs_), result in zip(items, results):
+                if result is not None:
+                    self._write_record(reduction_tensor_name(name, red, abs_), result)
+        if save_raw and array is not None and array.size:
+            self._write_record(name, array)
+            if self.sinks and any(c.name in METRIC_COLLECTIONS for c in colls):
+                self.log_to_sinks(name, float(np.mean(array)), self._clock.mode_step)
+        if self.tensorboard is not None:
+            array = self._export_summaries(name, value, array, colls, on_host)
+        return array
+
+    def _export_summaries(self, name: str, value: Any, array: np.ndarray | None,
+                          colls: list[Collection], on_host: bool) -> np.ndarray | None:
+        """TensorBoard scalars (tensors of scalar collections that squeeze to 0-d) and histograms
+        (the first due collection with save_histogram), as smdebug exported them."""
+        assert self.tensorboard is not None
+        scalar = any(c.name in SCALAR_COLLECTIONS for c in colls)
+        histo = next((c for c in colls if c.save_histogram and c.name not in NON_REDUCTION_COLLECTIONS), None)
+        if not scalar and histo is None:
+            return array
+        if array is None:
+            array = value if on_host else self._adapter.to_numpy(value)
+        host = getattr(array, "to_float32", lambda: array)()  # bfloat16 bits -> their float32 values
+        mode, step = self._clock.step_mode, self._clock.step
+        if scalar and host.size == 1 and host.dtype.kind in "biuf":
+            self.tensorboard.add_scalar(mode, step, name, float(host.reshape(-1)[0]))
+        if histo is not None:
+            self.tensorboard.add_histogram(mode, step, f"{histo.name}/{clean_tag(name)}", host)
+        return array
+
+    def _write_record(self, name: str, array: np.ndarray, wall_time: float | None = None) -> None:
+        assert self.writer is not None
+        self.writer.add_tensor(name, array, self._clock.mode, self._clock.mode_step, wall_time)
+
+    # -- sinks ----------------------------------------------------------------------------------
+    def log_to_sinks(self, name: str, value: float, mode_step: int) -> None:
+        """Hand a scalar to every sink. A sink that raises is the sink's problem, not the
+        trial's: its first error is logged, the rest are counted (summed up at close), it is
+        called again next time, and tensors are saved as usual; strict hooks re-raise."""
+        for sink in self.sinks:
+            try:
+                sink.log_scalar(name, value, self._clock.mode, mode_step)
+            except Exception as exc:
+                if self.strict:
+                    raise
+                count = self._sink_errors[id(sink)] = self._sink_errors.get(id(sink), 0) + 1
+                if count == 1:
+                    logger.error("sink %r failed to log %r (the trial is still saved; further "
+                                 "errors of this sink are counted): %s: %s. Pass strict=True to "
+                                 "raise instead.", sink, name, type(exc).__name__, exc)
+
+    def close_sinks(self) -> Exception | None:
+        """Close every sink, each even if another fails; return the first error (logged)."""
+        first: Exception | None = None
+        for sink in self.sinks:
+            errors = self._sink_errors.get(id(sink), 0)
+            if errors > 1:
+                logger.error("sink %r failed %d times during the run (the first is logged above)",
+                             sink, errors)
+            try:
+                sink.close()
+            except Exception as exc:
+                logger.error("sink %s failed at close: %s", sink, exc)
+                first = first or exc
+        return first

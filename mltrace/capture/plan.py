@@ -1,0 +1,191 @@
+"""The save plan: which collections a hook saves, which collections a tensor belongs to, and
+which of them are due at the current step.
+
+Decided once per step (``begin``), so the per-tensor question a framework callback asks
+(``due_for``) is one memoized lookup.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from collections.abc import Callable, Iterable
+
+from mltrace.collections import (
+    NON_REDUCTION_COLLECTIONS,
+    SCALAR_COLLECTIONS,
+    TRAIN_ONLY_COLLECTIONS,
+    Collection,
+    CollectionKeys,
+    CollectionManager,
+)
+from mltrace.config import ReductionConfig, SaveConfig
+from mltrace.exceptions import InvalidCollectionConfiguration, MltraceValueError
+from mltrace.modes import ModeKeys
+
+logger = logging.getLogger("mltrace.hook")
+
+
+class SavePlan:
+    """The collections of a hook and the decision of what is saved when.
+
+    Args:
+        manager: the hook's collections (the adapter's defaults already registered).
+        include_collections: names of the collections to save.
+        save_config: the hook's SaveConfig, used by collections that set none.
+        reduction_config: the hook's ReductionConfig, likewise.
+        builtin: collections that may be empty when training starts (the adapter fills them).
+        is_member: the adapter's membership test of a tensor name in a collection.
+    """
+
+    def __init__(self, manager: CollectionManager, include_collections: Iterable[str],
+                 save_config: SaveConfig, reduction_config: ReductionConfig, builtin: frozenset[str],
+                 is_member: Callable[[Collection, str], bool]) -> None:
+        self.manager = manager
+        self.include_collections = list(dict.fromkeys(include_collections))
+        self.save_config = save_config
+        self.reduction_config = reduction_config
+        self._builtin = builtin
+        self._is_member = is_member
+        self.prepared = False
+        #: The collections saved, fixed when the first step starts.
+        self.saved: list[Collection] = []
+        #: Names of tensors watched for NaN (SaveConfigMode.when_nan).
+        self.nan_watch: frozenset[str] = frozenset()
+        self._members: dict[str, tuple[Collection, ...]] = {}
+        self._due: frozenset[Collection] = frozenset()
+        self._warned_missing: set[str] = set()
+        for coll in manager.get_collections().values():
+            self.adopt(coll)
+
+    # -- collections ----------------------------------------------------------------------------
+    def adopt(self, coll: Collection) -> Collection:
+        """Let ``coll`` use the hook's configs where it sets none; returns it."""
+        coll.inherit(self.save_config, self.reduction_config)
+        return coll
+
+    def include(self, name: str) -> None:
+        """Save collection ``name`` too (before the first step)."""
+        if name not in self.include_collections:
+            self.include_collections.append(name)
+
+    def add_saved(self, coll: Collection) -> bool:
+        """Save ``coll`` from now on (after the first step: save_tensor into a new collection);
+        True if it was not saved yet."""
+        if not self.prepared:
+            self.include(coll.name)
+            return False
+        if coll in self.saved:
+            return False
+        self.saved.append(coll)
+        self._members.clear()
+        return True
+
+    def prepare(self) -> None:
+        """Fix what is saved, before the first step (collections may be added until then).
+
+        Raises:
+            InvalidCollectionConfiguration: a collection named to be saved that has neither
+                regexes nor tensor names, or whose reduction config is invalid.
+        """
+        collections = self.manager.get_collections()
+        saving_all = CollectionKeys.ALL in self.include_collections
+        self.saved = []
+        for name, coll in collections.items():
+            self.adopt(coll)
+            self._check(name, coll, collections)
+            if name in NON_REDUCTION_COLLECTIONS:
+                coll.save_histogram = False
+                coll.reduction_config = ReductionConfig(save_raw_tensor=True)
+            if saving_all or name in self.include_collections:
+                self.saved.append(coll)
+        self._warn_missing()
+        self._members.clear()
+        watched = (c.effective_save_config().watched_nan_tensors() for c in self.saved)
+        self.nan_watch = frozenset(set().union(*watched) | self.save_config.watched_nan_tensors())
+        self.prepared = True
+        logger.info("Monitoring the collections: %s", ", ".join(c.name for c in self.saved))
+
+    def _check(self, name: str, coll: Collection, collections: dict[str, Collection]) -> None:
+        if name not in self._builtin and not coll.include_regex and not coll.tensor_names:
+            usable = [n for n, c in collections.items() if n != name and (c.include_regex or c.tensor_names)]
+            raise InvalidCollectionConfiguration(
+                name, did_you_mean=next(iter(difflib.get_close_matches(name, usable, n=1)), None))
+        try:  # lists changed in place (config.reductions.append) were never checked
+            coll.effective_reduction_config().validate()
+        except MltraceValueError as exc:
+            raise InvalidCollectionConfiguration(name, f"collection {name!r}: {exc}") from None
+
+    def _warn_missing(self) -> None:
+        """One warning (per name) for include_collections names that no collection has when the
+        first step starts. A warning, not an error: smdebug users may still fill such a
+        collection later, with ``hook.save_tensor(name, value, collections_to_write=...)``."""
+        known = self.manager.collections
+        missing = [n for n in self.include_collections if n not in known and n not in self._warned_missing]
+        if not missing:
+            return
+        self._warned_missing.update(missing)
+        hints = "".join(f" Did you mean {close[0]!r} for {n!r}?" for n in missing
+                        if (close := difflib.get_close_matches(n, list(known), n=1)))
+        logger.warning(
+            "include_collections names %s, but no collection of that name existed when the first "
+            "step started, so nothing is saved for it.%s Known collections: %s. Create a collection "
+            "before training with hook.get_collection(name).include(regex); "
+            "hook.save_tensor(tensor_name, value, collections_to_write=name) also creates one later.",
+            missing, hints, ", ".join(sorted(known)))
+
+    # -- membership -----------------------------------------------------------------------------
+    def collections_of(self, name: str) -> tuple[Collection, ...]:
+        """The saved collections ``name`` belongs to (memoized; records the name in them)."""
+        found = self._members.get(name)
+        if found is None:
+            found = tuple(c for c in self.saved if self._is_member(c, name))
+            for c in found:
+                c.add_tensor_name(name)
+            self._members[name] = found
+        return found
+
+    def forget(self, name: str | None = None) -> None:
+        """Drop the memoized membership of ``name`` (of every tensor if None)."""
+        if name is None:
+            self._members.clear()
+        else:
+            self._members.pop(name, None)
+
+    def may_save(self, name: str) -> bool:
+        """True if some saved collection could match ``name`` (or it is watched for NaN): a
+        framework callback that can never save anything need not be installed."""
+        return name in self.nan_watch or any(self._is_member(c, name) for c in self.saved)
+
+    @property
+    def memo_size(self) -> int:
+        """How many tensor names have memoized memberships (bounded by the model's tensors)."""
+        return len(self._members)
+
+    # -- steps ----------------------------------------------------------------------------------
+    def begin(self, mode: ModeKeys, mode_step: int) -> bool:
+        """Decide which collections are due at ``mode_step`` of ``mode``; True if any is. The
+        rules are looked up afresh each step, so a config replaced mid-run takes effect."""
+        self._due = frozenset(
+            c for c in self.saved
+            if not (mode in (ModeKeys.EVAL, ModeKeys.PREDICT) and c.name in TRAIN_ONLY_COLLECTIONS)
+            and c.effective_save_config().get_save_config(mode).should_save_step(mode_step)
+        )
+        return bool(self._due)
+
+    def due_for(self, collections: Iterable[Collection]) -> list[Collection]:
+        """Those of ``collections`` that are due this step."""
+        return [c for c in collections if c in self._due]
+
+
+def what_to_save(colls: Iterable[Collection]) -> tuple[bool, bool, list[tuple[str, bool]]]:
+    """(save raw tensor, save shape, reductions) that a tensor's due collections ask for."""
+    save_raw = save_shape = False
+    items: list[tuple[str, bool]] = []
+    for coll in colls:
+        config = coll.effective_reduction_config()
+        save_raw |= config.save_raw_tensor
+        save_shape |= config.save_shape
+        if coll.name not in SCALAR_COLLECTIONS:
+            items.extend(i for i in config.items() if i not in items)
+    return save_raw, save_shape, items

@@ -1,0 +1,54 @@
+"""A rule's request to stop training, read from the trial's stop-signal file (see
+mltrace.rules.actions, which writes it)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from mltrace.exceptions import StopTrainingRequested
+from mltrace.format import paths
+from mltrace.storage.base import Storage
+
+logger = logging.getLogger("mltrace.hook")
+
+
+class StopSignal:
+    """Looks for the stop signal at most every ``interval`` seconds (never per step: on S3 each
+    look is a request). Local trials default to every second, remote ones to every 5 s."""
+
+    def __init__(self, storage: Storage, interval: float | None = None) -> None:
+        self._storage = storage
+        local = storage.local_path(paths.STOP_SIGNAL_FILE) is not None
+        self.interval = interval if interval is not None else (1.0 if local else 5.0)
+        self._next_look = 0.0
+        #: The signal's content once a rule asked to stop, else None.
+        self.requested: dict[str, Any] | None = None
+
+    def poll(self) -> bool:
+        """Look for the signal if it is time to; True once training was asked to stop."""
+        if self.requested is not None:
+            return True
+        now = time.monotonic()
+        if now < self._next_look:
+            return False
+        self._next_look = now + self.interval
+        try:
+            if not self._storage.exists(paths.STOP_SIGNAL_FILE):
+                return False
+            signal = json.loads(self._storage.read(paths.STOP_SIGNAL_FILE) or b"{}")
+        except (OSError, ValueError) as exc:
+            logger.debug("could not read the stop signal: %s", exc)
+            return False
+        self.requested = signal if isinstance(signal, dict) else {}
+        logger.warning("rule %s asked training to stop (step %s): ending at this step boundary",
+                       self.requested.get("rule", "?"), self.requested.get("step"))
+        return True
+
+    def error(self) -> StopTrainingRequested:
+        """The exception that ends the user's loop at a step boundary."""
+        signal = self.requested or {}
+        return StopTrainingRequested(str(signal.get("rule", "a rule")), signal.get("step"),
+                                     str(signal.get("message", "")))
