@@ -366,6 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--keep", action="store_true", help="keep the written trials")
     parser.add_argument("--out", default=str(BENCH / "results" / "pytorch.json"))
+    parser.add_argument("--baseline", default=None, metavar="REV",
+                        help="also measure the hook at an earlier commit, side by side (commit_compare.py)")
     args = parser.parse_args(argv)
     pythons = {"main": args.main_python, "legacy": args.legacy_python}
     for venv, py in pythons.items():
@@ -409,6 +411,12 @@ def main(argv: list[str] | None = None) -> int:
         "raw": {"overhead": over, "trials_written": trials, "read": reads},
     }
     report["table"] = render(report)
+    if args.baseline:
+        from commit_compare import compare
+        from commit_compare import render as render_commits
+
+        report["baseline"] = compare(args.main_python, args.baseline, INTERVALS, args.steps, 3, 3)
+        report["table"] += f"\n\nThe hook at {args.baseline} and now (main venv):\n" + render_commits(report["baseline"])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
