@@ -1,20 +1,30 @@
 #!/usr/bin/env bash
-# The whole test suite: builds (or reuses) both environments, then runs the main suite in .venv
-# and the legacy suite (MXNet, real smdebug 1.0.34 cross-checks) in .venv-legacy.
-# Fails if either fails, or if either collects no test.
+# The whole test suite: builds (or reuses) both environments, runs ruff and mypy (config in
+# pyproject.toml), then the main suite in .venv (printing its 15 slowest tests) and the legacy suite
+# (MXNet, real smdebug 1.0.34 cross-checks) in .venv-legacy.
+# Every step runs even when an earlier one fails, so one run reports everything; the script fails if
+# ruff or mypy reports anything, if either suite fails, or if either suite collects no test.
+# Markers (pyproject.toml): slow, server, browser, legacy; e.g. `scripts/test.sh -m "not slow"`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh all || exit 1
 export TF_CPP_MIN_LOG_LEVEL=2 PYTHONDONTWRITEBYTECODE=1
 mkdir -p test-artifacts
 
+echo "=== ruff check (.venv) ==="
+.venv/bin/ruff check .
+ruff=$?
+echo "=== mypy: mltrace, tb_plugin, mlflow_plugin (.venv) ==="
+.venv/bin/mypy
+mypy=$?
+
 echo "=== main suite (.venv) ==="
-.venv/bin/python -m pytest tests --ignore=tests/legacy -p no:cacheprovider "$@"
+.venv/bin/python -m pytest tests --ignore=tests/legacy -p no:cacheprovider --durations=15 "$@"
 main=$?
 echo "=== legacy suite (.venv-legacy: MXNet 1.9.1, smdebug 1.0.34) ==="
 .venv-legacy/bin/python -m pytest tests/legacy -p no:cacheprovider "$@"
 legacy=$?
 
-echo "main suite exit code: $main; legacy suite exit code: $legacy"
+echo "ruff exit code: $ruff; mypy exit code: $mypy; main suite exit code: $main; legacy suite exit code: $legacy"
 # pytest exit code 5 means no test ran: that is a failure here, not a pass.
-[ "$main" -eq 0 ] && [ "$legacy" -eq 0 ]
+[ "$ruff" -eq 0 ] && [ "$mypy" -eq 0 ] && [ "$main" -eq 0 ] && [ "$legacy" -eq 0 ]

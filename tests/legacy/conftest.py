@@ -6,6 +6,9 @@ It is collected only there (scripts/test.sh runs ``pytest tests/legacy`` in that
 from __future__ import annotations
 
 import os
+from pathlib import Path
+
+import pytest
 
 os.environ.setdefault("SMDEBUG_LOG_LEVEL", "error")
 os.environ.setdefault("MLTRACE_TRIAL_WAIT", "2")
@@ -22,3 +25,14 @@ def pytest_configure(config):
         "filterwarnings", r"ignore:Call to deprecated create function:DeprecationWarning")
     # MXNet 1.9.1 touches numpy aliases and distutils that numpy 1.23 / Python 3.11 deprecate.
     config.addinivalue_line("filterwarnings", r"ignore::DeprecationWarning:mxnet\..*")
+
+
+_HERE = Path(__file__).resolve().parent
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects anything
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Every test of this folder is `legacy` (registered in pyproject.toml): it needs .venv-legacy.
+    for item in items:
+        if _HERE in Path(item.path).resolve().parents:
+            item.add_marker(pytest.mark.legacy)
