@@ -7,7 +7,7 @@ same hook (collections weights and losses saved every step) and call ``hook.save
 ...)`` every step; the MLflow variant also sends the loss and the accuracy to MLflow at every step
 (2 metrics per step) into a SQLite store in a temporary folder (``--tracking-uri`` for another).
 
-Protocol (DESIGN.md, "Quality bar"): one process, one training thread; the variants' runs are
+Protocol (bench/README.md): one process, one training thread; the variants' runs are
 interleaved (warm-up of each, then measured run k of each in turn); one warm-up and ``--runs``
 measured runs; the median is reported. A run: fresh model, fresh hook on a fresh out_dir (and,
 with MLflow, a new MLflow run: created in the hook's constructor, not timed), ``--steps`` steps.

@@ -5,7 +5,7 @@ Runs in either venv (.venv: none, mltrace; .venv-legacy: none, mltrace, smdebug)
 ``torch.set_num_threads(1)``. The hook saves the collections weights, biases, gradients and losses
 every ``--interval`` steps (smdebug's SaveConfig(save_interval=N)).
 
-Protocol (DESIGN.md, "Quality bar"): one warm-up run and ``--runs`` measured runs per library, the
+Protocol (bench/README.md): one warm-up run and ``--runs`` measured runs per library, the
 median reported. A run is: fresh model, fresh hook on a fresh out_dir, ``--steps`` steps, then
 ``hook.close()``; the timed region is the training loop *plus* close(), because both libraries may
 defer writing to a background thread and close() waits for it. Hook construction and registration

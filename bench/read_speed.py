@@ -12,7 +12,7 @@ One run, on a freshly created trial object (no value cache carried over):
   3. ``tensor.value(step)`` for every weight tensor and every step -> ``per_value_ms`` (mean)
 ``open_s`` = create_s + list_s: everything before the first value.
 
-Protocol (DESIGN.md, "Quality bar"): one warm-up run and ``--runs`` measured runs, medians
+Protocol (bench/README.md): one warm-up run and ``--runs`` measured runs, medians
 reported. The OS page cache is warm after the warm-up for either library alike.
 
 Examples:

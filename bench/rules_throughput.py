@@ -7,7 +7,7 @@ PyTorch hook; both readers read it):
     .venv-legacy/bin/python bench/rules_throughput.py [--steps 1000] [--runs 5]
 
 smdebug's built-in rules were never published, so its side is the documented condition written
-against smdebug's Trial API (reference/smdebug.md §4.7): VanishingGradient = mean(|g|) of each
+against smdebug's Trial API (as AWS documents the rules): VanishingGradient = mean(|g|) of each
 gradient below 1e-7 (from the stored abs_mean reduction); ExplodingTensor = any NaN/Inf in the
 raw value of each tensor of the chosen collections. Protocol: one warm-up, median of five.
 """

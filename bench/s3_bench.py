@@ -22,7 +22,7 @@ credentials, like tests/servers.py) and stops it by PID at the end.
    (create_trial + steps()), ms per value with and without the open, and the speed-up of mltrace
    over smdebug against the target of 10x.
 
-Protocol (DESIGN.md, "Quality bar"): one warm-up, then ``--runs`` measured runs (5), medians.
+Protocol (bench/README.md): one warm-up, then ``--runs`` measured runs (5), medians.
 smdebug reads slowly (per value a new boto3 client and a ListObjectsV2 of all of events/: about
 5 minutes for 1000 values on 2 busy cores), so a median of five makes no sense there: its warm-up
 reads the first ``--smdebug-warmup-values`` (20) values and ``--smdebug-runs`` (1) full runs are

@@ -11,7 +11,7 @@ to a TensorBoard events file, by:
             and exporting their histograms (same buckets, binned on the writer's thread)
   mltrace_noexport  the same hook without the export (what the export itself adds)
 
-Protocol (DESIGN.md, "Quality bar"): torch.set_num_threads(1), one warm-up then ``--runs``
+Protocol (bench/README.md): torch.set_num_threads(1), one warm-up then ``--runs``
 measured runs of every variant interleaved in one process, medians reported. A run's time covers
 the training loop and ``close()`` (all summaries on disk), measured as wall time; the training
 thread's own time (until the last step returns) is reported too.

@@ -7,7 +7,7 @@
    opened, on a fresh plugin: ``/runs``, ``/run`` (modes, tensors), ``/series`` of the first
    tensor over all 10,000 steps.
 
-Protocol (DESIGN.md, "Quality bar"): one warm-up then ``--runs`` measured runs, medians. Cold
+Protocol (bench/README.md): one warm-up then ``--runs`` measured runs, medians. Cold
 numbers use a fresh plugin (and, for the trial, a fresh Trial) each run; the OS page cache is warm.
 
     .venv/bin/python bench/tb_plugin_latency.py [--runs 5] [--json] [--workdir DIR --keep]

@@ -17,7 +17,7 @@ so that all see the same machine state):
   importance, trees, full and average SHAP on a 200-row sample of the training set; exact
   TreeSHAP is by far XGBoost's most expensive call here).
 
-Protocol (DESIGN.md, "Quality bar"): one thread (``nthread=1``, OMP/MKL threads 1), one warm-up
+Protocol (bench/README.md): one thread (``nthread=1``, OMP/MKL threads 1), one warm-up
 and ``--runs`` (5) measured runs per configuration, the median reported. A run is: a fresh hook
 on a fresh out_dir, ``xgb.train``, then ``hook.close()``, all timed (close() waits for the
 background writer, so deferred work is counted). Wall time per round and process CPU time per

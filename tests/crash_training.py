@@ -92,7 +92,7 @@ def _train(out_dir: str, steps: int) -> None:
 
 def _register_kill_scheme() -> None:
     """``crashtest://PATH?KEY``: local storage at PATH whose process SIGKILLs itself right after
-    writing KEY (fault injection on top of the real LocalStorage, see STYLE.md)."""
+    writing KEY (fault injection on top of the real LocalStorage, never instead of it)."""
     from mltrace.storage import register_scheme
     from mltrace.storage.local import LocalStorage
 

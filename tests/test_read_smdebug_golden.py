@@ -124,7 +124,8 @@ def test_tensor(trial, name):
 
 
 def test_values_smdebug_reads_wrong(trial):
-    """int8: smdebug's reader returns uint8 (reference §2.4); int16: it raises.
+    """int8: smdebug's reader returns uint8; int16: it raises (docs/format.md, "What smdebug's
+    reader gets wrong").
 
     mltrace returns what was written."""
     step = trial.steps(mode="TRAIN")[0]

@@ -15,7 +15,7 @@ from mltrace.reductions import (
     reduction_tensor_name,
 )
 
-# The definitions of DESIGN.md (format contract, point 6), written out with numpy.
+# The definitions of docs/format.md ("Reductions"), written out with numpy.
 DEFINITIONS = {
     "min": np.min,
     "max": np.max,

@@ -3,8 +3,8 @@
 smdebug's own ``FileWriter`` writes one tensor (or several) with a fixed timestamp; mltrace's
 ``frame_record(encode_tensor_event(...))`` must give the very same bytes, and mltrace's index JSON
 must equal smdebug's once mltrace's extra per-entry ``crc32c`` field is removed (and be byte-equal
-when that field is left out). This is the permanent form of the format contract (DESIGN.md, "The
-on-disk format (contract)"; reference/smdebug.md §1.3, §2).
+when that field is left out). This is the permanent form of the format contract: docs/format.md,
+"Records and CRCs", "Events and tensors" and "Index files".
 """
 
 from __future__ import annotations
@@ -65,8 +65,9 @@ READABLE_VALUES = {
     "list_of_floats": [1.0, 2.0, 3.5],
 }
 
-# Values smdebug's *writer* encodes but its reader gets wrong or cannot decode (reference §2.4,
-# §9): the bytes must still match, since mltrace writes the same records.
+# Values smdebug's *writer* encodes but its reader gets wrong or cannot decode (docs/format.md,
+# "What smdebug's reader gets wrong"): the bytes must still match, since mltrace writes the same
+# records.
 WRITER_ONLY_VALUES = {
     "int8_1d": np.array([-128, -1, 0, 1, 127], dtype=np.int8),
     "int16_2d": np.array([[-300, 2], [3, 30000]], dtype=np.int16),
@@ -189,7 +190,7 @@ def test_mltrace_decodes_smdebug_records(tmp_path, case):
 @pytest.mark.parametrize("case", sorted(WRITER_ONLY_VALUES))
 def test_mltrace_decodes_dtypes_smdebug_reader_gets_wrong(tmp_path, case):
     """int8, int16, uint16/32/64, complex64: smdebug writes them, its reader returns int8 as
-    uint8 and fails on the others (reference §2.4); mltrace reads smdebug's bytes exactly."""
+    uint8 and fails on the others (docs/format.md); mltrace reads smdebug's bytes exactly."""
     from smdebug.core.reader import FileReader
 
     value = WRITER_ONLY_VALUES[case]

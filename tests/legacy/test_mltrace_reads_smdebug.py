@@ -1,11 +1,11 @@
-"""mltrace's reader reads what real smdebug 1.0.34's PyTorch hook writes (contract point 1).
+"""mltrace's reader reads what real smdebug 1.0.34's PyTorch hook writes (docs/format.md).
 
 One run of ``smdebug.pytorch.Hook`` (TRAIN, EVAL, PREDICT, then TRAIN again; a hook-wide
 ReductionConfig with every reduction and norm; module inputs/outputs through
 ``get_collection(...).add_module_tensors``; ``include_regex``; a reductions-only collection; a
 shape-only collection; ``save_scalar``; ``save_tensor`` of several dtypes) is read by smdebug's own
 ``create_trial`` and by mltrace's in the same process. Names, steps, values, shapes and stored
-reductions must agree, except where reference/smdebug.md §9 lists a bug of smdebug's reader; there
+reductions must agree, except where docs/format.md lists a bug of smdebug's reader; there
 mltrace must be right, and the test says which bug it is.
 """
 
@@ -229,7 +229,7 @@ def test_values_and_shapes(run, trials):
 
 
 def test_dtypes_smdebug_reads_wrong(run, trials):
-    """reference/smdebug.md §2.4/§9: smdebug's reader decodes DT_INT8 as uint8 and has no
+    """docs/format.md, "What smdebug's reader gets wrong": it decodes DT_INT8 as uint8 and has no
     mapping for DT_INT16 (KeyError). mltrace returns what was written."""
     st, mt = trials
     for mode_step in mt.tensor("dtype_int8").steps(mode="TRAIN"):
@@ -270,7 +270,7 @@ def test_stored_reductions(run, trials):
 
 def test_stored_reductions_are_smdebug_pytorch_semantics(trials):
     """smdebug's PyTorch hook computes std/variance unbiased (torch's default, N-1): stored values
-    are read back as stored, they are not recomputed (reference §2.5)."""
+    are read back as stored, they are not recomputed (docs/format.md)."""
     _, mt = trials
     t = mt.tensor("Net_fc1.weight")
     raw = t.value(0, mode="TRAIN").astype(np.float64)
@@ -287,10 +287,10 @@ def test_computed_reductions(trials):
 
     For float tensors they agree for min/max/mean/std/variance/sum/prod, and for norms of 1-d
     tensors. For 2-d tensors smdebug's reader uses np.linalg.norm's *matrix* norms (max column
-    sum for l1, spectral norm for l2; reference §2.5/§9, a bug): mltrace gives the flat norms
-    that every stored norm means. Integer tensors: mltrace reduces them in float64 (DESIGN.md,
-    contract point 6), smdebug in the integer dtype, where abs(INT32_MIN) wraps around to
-    INT32_MIN; mltrace equals smdebug's formula applied to the float64 values.
+    sum for l1, spectral norm for l2; a bug, see docs/format.md): mltrace gives the flat norms
+    that every stored norm means. Integer tensors: mltrace reduces them in float64
+    (docs/format.md, "Reductions"), smdebug in the integer dtype, where abs(INT32_MIN) wraps
+    around to INT32_MIN; mltrace equals smdebug's formula applied to the float64 values.
     """
     st, mt = trials
     smdebug_wrong = set()

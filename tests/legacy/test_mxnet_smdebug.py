@@ -1,4 +1,4 @@
-"""MXNet cross-checks against real smdebug 1.0.34 (contract point 1, both directions).
+"""MXNet cross-checks against real smdebug 1.0.34 (docs/format.md; both directions).
 
 1. smdebug's ``create_trial`` reads what ``mltrace.mxnet.Hook`` writes: names, steps per mode,
    values (equal to those captured in the process), collections, stored reductions.

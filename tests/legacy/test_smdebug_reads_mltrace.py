@@ -1,4 +1,4 @@
-"""Real smdebug 1.0.34's reader reads what mltrace's PyTorch hook writes (contract point 1).
+"""Real smdebug 1.0.34's reader reads what mltrace's PyTorch hook writes (docs/format.md).
 
 One small run (TRAIN, EVAL, then TRAIN again) is written by ``mltrace.pytorch.Hook`` while the
 test captures every value it expects on disk. smdebug's ``create_trial`` must then see the same

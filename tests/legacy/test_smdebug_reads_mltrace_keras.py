@@ -1,4 +1,4 @@
-"""Real smdebug 1.0.34's reader reads what mltrace's Keras hook writes (contract point 1).
+"""Real smdebug 1.0.34's reader reads what mltrace's Keras hook writes (docs/format.md).
 
 The trial under tests/golden/mltrace_keras/keras_run was written by mltrace.tensorflow.KerasHook
 (TensorFlow 2.21 lives in the main venv only; this venv has smdebug but no TensorFlow) with

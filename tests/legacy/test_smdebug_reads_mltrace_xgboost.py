@@ -1,4 +1,4 @@
-"""Real smdebug 1.0.34's reader reads what mltrace's XGBoost hook writes (contract point 1).
+"""Real smdebug 1.0.34's reader reads what mltrace's XGBoost hook writes (docs/format.md).
 
 This venv has no xgboost, so the trial is the committed golden one: tests/golden/mltrace_xgboost/
 (written by tests/golden/make_mltrace_xgboost_golden.py with the main venv, which records in
