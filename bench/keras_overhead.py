@@ -5,7 +5,7 @@ Runs in .venv. Model: MLP 32-64-1 (Dense relu, Dense), MSE loss, SGD (lr 0.01), 
 saves weights, biases, gradients and losses (metrics too: KerasHook always saves them, as smdebug)
 every step (interval 1) and every 100 steps (interval 100), in ``--intervals``.
 
-Protocol (DESIGN.md, "Quality bar"), side by side in one process: the configurations' runs are
+Protocol (bench/README.md), side by side in one process: the configurations' runs are
 interleaved round by round (one warm-up round, then ``--runs`` measured rounds); medians are
 reported. A run is: fresh model (compiled), fresh hook on a fresh out_dir, a 20-step fit that
 traces the train function (not timed: tracing happens once per job, hook or not), then the timed

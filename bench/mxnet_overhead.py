@@ -18,7 +18,7 @@ drops it). The hook is created as a user would::
 with ``smd`` = ``mltrace.mxnet`` or ``smdebug.mxnet``; N = 1 (every step: 2 weights, 2 biases,
 4 gradients and the loss) and N = 100.
 
-Protocol (DESIGN.md, "Quality bar"; bench/README.md): one thread (``OMP_NUM_THREADS=1``,
+Protocol (bench/README.md): one thread (``OMP_NUM_THREADS=1``,
 ``MXNET_ENGINE_TYPE=NaiveEngine``: operators run synchronously on the Python thread, as torch's
 CPU ops do in bench/pytorch_overhead.py; ``--engine threaded`` keeps MXNet's default engine with
 ``MXNET_CPU_WORKER_NTHREADS=1``; set before MXNet is imported), per (interval, library) one
