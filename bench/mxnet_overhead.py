@@ -149,11 +149,14 @@ def attribute_mltrace(intervals: list[int], data: list[tuple[mx.nd.NDArray, mx.n
     spent inside mltrace's callbacks (forward pre-hook, forward hooks, close) over the rest of
     the loop's thread CPU time, in percent; median of ``runs`` extra runs per interval made
     with those callbacks wrapped in timers (so these runs are not among the timed ones)."""
-    import mltrace.mxnet.hook as mlhook
+    from mltrace.mxnet.adapter import GluonAdapter
+    from mltrace.mxnet.hook import Hook
 
     spent = [0.0]
-    names = ("_forward_pre_hook", "_forward_hook", "close")
-    originals = {name: getattr(mlhook.Hook, name) for name in names}
+    # The adapter's callbacks are bound when blocks are registered, after these are wrapped.
+    targets = [(GluonAdapter, "_forward_pre_hook"), (GluonAdapter, "_forward_hook"),
+               (Hook, "close")]
+    originals = {(cls, name): getattr(cls, name) for cls, name in targets}
 
     def timed(fn: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -166,8 +169,8 @@ def attribute_mltrace(intervals: list[int], data: list[tuple[mx.nd.NDArray, mx.n
         return wrapper
 
     out: dict[str, Any] = {}
-    for name, fn in originals.items():
-        setattr(mlhook.Hook, name, timed(fn))
+    for (cls, name), fn in originals.items():
+        setattr(cls, name, timed(fn))
     try:
         for interval in intervals:
             shares = []
@@ -181,8 +184,8 @@ def attribute_mltrace(intervals: list[int], data: list[tuple[mx.nd.NDArray, mx.n
                 shares.append(hook_ms / (thread_ms - hook_ms) * 100.0)
             out[str(interval)] = {"self_pct": statistics.median(shares), "runs_self_pct": shares}
     finally:
-        for name, fn in originals.items():
-            setattr(mlhook.Hook, name, fn)
+        for (cls, name), fn in originals.items():
+            setattr(cls, name, fn)
     return out
 
 

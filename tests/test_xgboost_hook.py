@@ -261,11 +261,9 @@ def test_xgb_each_round_is_readable_when_training_returns(tmp_path):
 
 
 def test_xgb_worker_name_comes_from_xgboost_collective(tmp_path, monkeypatch):
-    from mltrace.xgboost import hook as xgb_hook
-
-    monkeypatch.setattr(xgb_hook.collective, "is_distributed", lambda: True)
-    monkeypatch.setattr(xgb_hook.collective, "get_rank", lambda: 1)
-    monkeypatch.setattr(xgb_hook.collective, "get_world_size", lambda: 2)
+    monkeypatch.setattr(xgb.collective, "is_distributed", lambda: True)
+    monkeypatch.setattr(xgb.collective, "get_rank", lambda: 1)
+    monkeypatch.setattr(xgb.collective, "get_world_size", lambda: 2)
     hook = smd.Hook(out_dir=str(tmp_path / "all"), include_workers="all")
     _train(hook, rounds=1, capture=False)
     hook.close()

@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
 from mxnet import gluon
 
 from mltrace.collections import Collection as _CoreCollection
-from mltrace.collections import (
-    CollectionKeys,
-    CollectionManager,
-    PendingCollections,
-    manager_with_defaults,
-)
+from mltrace.collections import CollectionKeys, PendingCollections, manager_with_defaults
 from mltrace.exceptions import MltraceTypeError
 
 DEFAULT_COLLECTIONS = {
@@ -46,16 +40,5 @@ class Collection(_CoreCollection):
             self.include(f"^{re.escape(block.name)}_output_")
 
 
-# Collections made with smd.get_collection(...) before a hook exists go to the next hook created.
-_pending = PendingCollections(lambda: manager_with_defaults(DEFAULT_COLLECTIONS, Collection))
-
-
-def take_pending() -> CollectionManager:
-    """The pending collections, handed to a new hook (a fresh set takes their place)."""
-    return _pending.take()
-
-
-def pending_collection(hook: Any, hook_type: type, name: str, create: bool = True) -> Collection:
-    """``get_collection(name)``: of ``hook`` if it is an open MXNet hook, else of the hook about
-    to be created (see PendingCollections.of)."""
-    return _pending.of(hook, hook_type, name, create)  # type: ignore[return-value]
+#: Collections made with smd.get_collection(...) before a hook exists go to the next hook created.
+pending = PendingCollections(lambda: manager_with_defaults(DEFAULT_COLLECTIONS, Collection))

@@ -16,15 +16,12 @@ from mltrace.collections import Collection, CollectionKeys
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
 from mltrace.hook import get_hook
 from mltrace.trials import create_trial
-from mltrace.xgboost.hook import (
+from mltrace.xgboost.collection import (
     DEFAULT_COLLECTIONS,
     DEFAULT_INCLUDE_COLLECTIONS,
     DEFAULT_SAVE_INTERVAL,
-    Hook,
-    add_to_collection,
-    create_from_json_file,
-    get_collection,
 )
+from mltrace.xgboost.hook import Hook, add_to_collection, create_from_json_file, get_collection
 
 __all__ = [
     "Hook", "Collection", "CollectionKeys", "SaveConfig", "SaveConfigMode",

@@ -148,13 +148,14 @@ def _node_row(tree: int, node: Mapping[str, Any]) -> tuple[Any, ...]:
         return (tree, nid, f"{tree}-{nid}", "Leaf", math.nan, "nan", "nan", "nan",
                 _number(node["leaf"]), _number(node.get("cover")), "nan")
     condition = node.get("split_condition")
-    categorical = isinstance(condition, list)
+    if isinstance(condition, list):  # a categorical split: the categories that go left
+        split, categories = math.nan, ",".join(str(c) for c in condition)
+    else:
+        split, categories = _number(condition), "nan"
     return (
-        tree, nid, f"{tree}-{nid}", str(node["split"]),
-        math.nan if categorical else _number(condition),
+        tree, nid, f"{tree}-{nid}", str(node["split"]), split,
         f"{tree}-{node['yes']}", f"{tree}-{node['no']}", f"{tree}-{node['missing']}",
-        _number(node.get("gain")), _number(node.get("cover")),
-        ",".join(str(c) for c in condition) if categorical else "nan",
+        _number(node.get("gain")), _number(node.get("cover")), categories,
     )
 
 

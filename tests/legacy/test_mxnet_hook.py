@@ -276,10 +276,10 @@ def test_mxnet_internal_error_disables_hook_training_goes_on(tmp_path, monkeypat
     def broken(*args, **kwargs):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(hook, "_to_numpy", broken)
+    monkeypatch.setattr(hook.adapter, "to_numpy", broken)
     with caplog.at_level(logging.ERROR):
         train(net, loss_fn, [("TRAIN", 2)])  # must not raise
-    assert "disk on fire" in caplog.text and hook._disabled
+    assert "disk on fire" in caplog.text and hook.disabled
     hook.close()
     assert create_trial(str(tmp_path / "run")).steps() == [0, 1]
 
@@ -319,7 +319,7 @@ def test_mxnet_device_reductions_match_numpy(tmp_path, kind):
     """MXNet-op reductions (one host copy per tensor) equal numpy's definitions, NaN included."""
     array = _ARRAYS[kind]
     hook = smd.Hook(out_dir=str(tmp_path / "unused"), dry_run=True)
-    got = hook._reduce(mx.nd.array(array, dtype=array.dtype), _ALL_ITEMS)
+    got = hook.adapter.reduce(mx.nd.array(array, dtype=array.dtype), _ALL_ITEMS)
     for (name, abs_), value in zip(_ALL_ITEMS, got):
         want = compute(name, array, abs_)
         assert value.dtype == want.dtype and value.shape == want.shape == (), (name, abs_)

@@ -1,0 +1,236 @@
+"""The MXNet Gluon side of the capture: forward hooks on the registered blocks, parameters and
+gradients read at step boundaries, host copies and on-device reductions of NDArrays, the worker's
+Horovod rank.
+
+mltrace.mxnet.hook.Hook is the front door (smdebug's constructor, ``register_block``) and hands
+the blocks to :class:`GluonAdapter`. Nothing is written onto the user's blocks: the blocks this
+adapter hooked are kept here, by id (MXNet's own ``block.name`` names their tensors).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+from mxnet import autograd, gluon
+from mxnet.ndarray import NDArray
+
+from mltrace.capture.adapter import Adapter, ReductionItems, as_numpy
+from mltrace.capture.errors import ErrorPolicy, guarded
+from mltrace.collections import CollectionKeys
+from mltrace.exceptions import MltraceTypeError
+from mltrace.hook import Hook
+from mltrace.mxnet._reductions import reduce_on_device
+from mltrace.mxnet.collection import GRADIENT_PREFIX, TORNASOLE_INCLUDE_COLLECTIONS
+
+logger = logging.getLogger(__name__)
+
+# Collections that the model's parameters and the loss block serve: child hooks are not needed.
+_PARAM_COLLECTIONS = frozenset(TORNASOLE_INCLUDE_COLLECTIONS + [CollectionKeys.LOSSES])
+
+
+class GluonAdapter(Adapter):
+    """Gluon's side of the capture (see the module docstring and mltrace.mxnet.hook for what is
+    saved when)."""
+
+    def __init__(self) -> None:
+        self.hook: Hook | None = None  # set by attach, right after the hook is built
+        self.errors = ErrorPolicy(False, lambda reason: None)  # replaced by the hook's
+        #: The registered models (not loss blocks); the first one's forward calls mark steps.
+        self.models: list[gluon.Block] = []
+        # id(block) -> block, for the blocks that have our forward hook (held, so ids stay unique).
+        self._hooked: dict[int, gluon.Block] = {}
+        self._io_index: dict[str, int] = {}
+        self._warned: set[str] = set()
+
+    def attach(self, hook: Hook) -> None:
+        """Bind to ``hook`` (its error policy guards the callbacks below)."""
+        self.hook = hook
+        self.errors = hook.errors
+
+    # -- Adapter protocol -------------------------------------------------------------------------
+    def worker_identity(self) -> tuple[str, int]:
+        """``worker_<rank>`` and the size of a Horovod job (smdebug's MXNet hook knows no other)."""
+        try:
+            import horovod.mxnet as hvd  # type: ignore[import-not-found]
+
+            if hvd.size():
+                return f"worker_{hvd.rank()}", hvd.size()
+        except (ImportError, ValueError):
+            pass
+        return "worker_0", 1
+
+    def to_numpy(self, value: Any) -> np.ndarray:
+        """A host copy of an NDArray (sparse ones made dense first); other values as numpy."""
+        if not isinstance(value, NDArray):
+            return as_numpy(value)
+        if value.stype != "default":
+            with autograd.pause():  # forward hooks run inside autograd.record()
+                value = value.tostype("default")
+        return value.asnumpy()
+
+    def reduce(self, value: Any, items: ReductionItems) -> list[np.ndarray | None]:
+        """Reductions with MXNet ops on the array's context (one host copy per tensor); sparse
+        and non-numeric arrays take numpy's path."""
+        if (not isinstance(value, NDArray) or value.stype != "default"
+                or np.dtype(value.dtype).kind not in "biuf"):
+            return super().reduce(value, items)
+        if value.size == 0:
+            return [None] * len(items)
+        return list(reduce_on_device(value, items))
+
+    def on_prepared(self) -> None:
+        """Hook the models' child blocks if a saved collection may hold their tensors (decided
+        here, at the first step, so collections added after register_block count and MXNet's
+        hybridize() does not warn about hooks it will not call)."""
+        if self._needs_children():
+            for model in self.models:
+                model.apply(self._hook_block)
+
+    def on_step_end(self) -> None:
+        """Step N ends as step N+1 starts: save its parameters and gradients, as they are after
+        step N's optimizer update (smdebug's MXNet lifecycle)."""
+        self._save_params()
+
+    def on_finish(self) -> None:
+        """At close, save the last step's parameters (not on the disable path, as smdebug)."""
+        hook = self.hook
+        assert hook is not None
+        if hook.disabled or hook.step_written:
+            return
+        # The core clears step_active before closing: ask the plan whether the last step was.
+        if hook.plan.due_for(hook.plan.saved) or hook.plan.nan_watch:
+            self._save_params()
+
+    # -- attaching to Gluon -----------------------------------------------------------------------
+    def register_block(self, block: gluon.Block) -> None:
+        """Attach to a model (step boundaries, parameters, gradients, block I/O) or to a loss
+        block (its output is saved in collection ``losses``).
+
+        Raises:
+            MltraceTypeError: ``block`` is not a gluon.Block.
+        """
+        if not isinstance(block, gluon.Block):
+            raise MltraceTypeError(
+                f"register_block needs a gluon.Block, got {type(block).__name__}")
+        if id(block) in self._hooked:
+            logger.warning("block %s is already registered with the hook; ignoring", block.name)
+            return
+        if not isinstance(block, gluon.loss.Loss):
+            self.models.append(block)
+            if len(self.models) == 1:
+                block.register_forward_pre_hook(self._forward_pre_hook)
+            if self.hook is not None and self.hook.prepared:
+                self.on_prepared()
+        self._hook_block(block)
+
+    def _hook_block(self, block: gluon.Block) -> None:
+        if id(block) not in self._hooked:
+            block.register_forward_hook(self._forward_hook)
+            self._hooked[id(block)] = block
+
+    def _needs_children(self) -> bool:
+        """Whether a saved collection may hold tensors of child blocks (smdebug's rule)."""
+        assert self.hook is not None
+        return any(c.name not in _PARAM_COLLECTIONS and (c.include_regex or c.tensor_names)
+                   for c in self.hook.plan.saved)
+
+    # -- callbacks from Gluon ---------------------------------------------------------------------
+    @guarded()
+    def _forward_pre_hook(self, block: gluon.Block, inputs: Any) -> None:
+        """A forward call of the first model: a step boundary."""
+        hook = self.hook
+        assert hook is not None
+        hook.begin_step()  # the previous step's parameters are saved in on_step_end
+        if hook.stop_requested is not None:
+            # A rule asked to stop: finish the trial, then end the user's loop at this boundary.
+            raise hook.stop_training_error()
+        self._io_index.clear()
+        if hook.step_active and "hybridized" not in self._warned and self._needs_children():
+            hidden = [b.name for m in self.models for b in _hybridized_parents(m)]
+            if hidden:
+                self._warn_once(
+                    "hybridized", "hybridized blocks %s: MXNet calls no hook of the blocks inside "
+                    "them, so their inputs/outputs are not saved (hybridize after the steps you "
+                    "want to inspect)", ", ".join(hidden))
+
+    def _forward_hook(self, block: gluon.Block, inputs: Any, outputs: Any) -> None:
+        hook = self.hook
+        # Tested before the guard: most steps save nothing.
+        if hook is not None and hook.step_active:
+            self._save_block_io(block, inputs, outputs)
+
+    @guarded()
+    def _save_block_io(self, block: gluon.Block, inputs: Any, outputs: Any) -> None:
+        self._save_io(block.name + "_input_", inputs)
+        self._save_io(block.name + "_output_", outputs)
+
+    def _save_io(self, prefix: str, value: Any) -> None:
+        """Save the arrays in ``value`` as ``<prefix><i>``, counting on from the block's earlier
+        calls this step."""
+        assert self.hook is not None
+        index = self._io_index.get(prefix, 0)
+        for array in _flatten_arrays(value):  # Symbols (hybridize's tracing call) are skipped
+            self.hook.save_for_tensor(f"{prefix}{index}", array)
+            index += 1
+        self._io_index[prefix] = index
+
+    # -- parameters -------------------------------------------------------------------------------
+    def _save_params(self) -> None:
+        """Save every parameter and gradient of the registered models under the ending step."""
+        with self._in_step_mode():
+            seen: set[str] = set()
+            for model in self.models:
+                for param in model.collect_params().values():
+                    if param.name not in seen:
+                        seen.add(param.name)
+                        self._save_param(param)
+
+    @contextmanager
+    def _in_step_mode(self) -> Iterator[None]:
+        """Write under the mode the step began in, even if set_mode changed it since (smdebug
+        wrote or dropped such values under the new mode). The clock is the core's public part;
+        its mode is set back at once."""
+        assert self.hook is not None
+        clock = self.hook.clock
+        mode, clock.mode = clock.mode, clock.step_mode
+        try:
+            yield
+        finally:
+            clock.mode = mode
+
+    def _save_param(self, param: gluon.Parameter) -> None:
+        assert self.hook is not None
+        try:
+            ctx = param.list_ctx()[0]
+            self.hook.save_for_tensor(param.name, param.data(ctx))
+            if param.grad_req != "null":
+                self.hook.save_for_tensor(GRADIENT_PREFIX + param.name, param.grad(ctx))
+        except RuntimeError as exc:  # not initialized yet, or no gradient buffer
+            self._warn_once(param.name, "cannot save parameter %s: %s", param.name, exc)
+
+    def _warn_once(self, key: str, message: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(message, *args)
+
+
+def _hybridized_parents(block: gluon.Block) -> list[gluon.Block]:
+    """The outermost hybridized blocks with children in ``block`` (their insides call no hook).
+    Reads Gluon internals: MXNet 1.x has no public accessor for a block's children or for
+    whether hybridize() is active."""
+    if getattr(block, "_active", False) and block._children:
+        return [block]
+    return [b for child in block._children.values() for b in _hybridized_parents(child)]
+
+
+def _flatten_arrays(value: Any) -> list[NDArray]:
+    """NDArrays in (nested) tuples and lists, in order; anything else is skipped (as smdebug)."""
+    if isinstance(value, NDArray):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [a for v in value for a in _flatten_arrays(v)]
+    return []
