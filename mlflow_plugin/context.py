@@ -12,9 +12,9 @@ import os
 
 from mlflow.tracking.context.abstract_context import RunContextProvider
 
+from mlflow_plugin._keys import TAG_TRIAL, TAG_VERSION
 from mltrace import __version__
 from mltrace.hook import get_hook
-from mlflow_plugin._keys import TAG_TRIAL, TAG_VERSION
 
 #: A trial location for processes without a hook (e.g. a rule job): recorded when set.
 TRIAL_ENV = "MLTRACE_TRIAL"
@@ -22,14 +22,15 @@ TRIAL_ENV = "MLTRACE_TRIAL"
 
 def _trial() -> str | None:
     hook = get_hook()
-    if hook is not None and not getattr(hook, "_closed", False):
+    if hook is not None and not getattr(hook, "closed", False):
         out_dir = hook.out_dir
         return out_dir if "://" in out_dir else os.path.abspath(out_dir)
     return os.environ.get(TRIAL_ENV) or None
 
 
 class MltraceRunContextProvider(RunContextProvider):
-    """Tags ``mltrace.version`` and ``mltrace.trial`` while a hook is open (or MLTRACE_TRIAL is set)."""
+    """Tags ``mltrace.version`` and ``mltrace.trial`` while a hook is open (or MLTRACE_TRIAL is
+    set)."""
 
     def in_context(self) -> bool:
         """True while an mltrace hook is open in this process, or MLTRACE_TRIAL is set."""

@@ -1,10 +1,12 @@
 """Rule executions as MLflow runs (entry point group ``mltrace.rule_listeners``).
 
-Every ``invoke_rule`` (API or CLI) notifies the listener; it makes an MLflow run when tracking
-is configured: the trial has a run file (its hook logged to MLflow), a parent run id is given
-(``MLTRACE_MLFLOW_PARENT_RUN_ID``, set by the rule CLI's ``--mlflow-parent-run-id``), or a
-tracking URI is set (MLFLOW_TRACKING_URI / mlflow.set_tracking_uri). Without any of them it does
-nothing and MLflow is not even imported.
+Every ``invoke_rule`` (API or CLI) creates a listener through ``create_listener(options)`` and
+notifies it; it makes an MLflow run when tracking is configured: the trial has a run file (its
+hook logged to MLflow), a parent run id is given (the listener option ``parent_run_id``:
+``invoke_rule(..., listener_options={"mlflow": {"parent_run_id": ...}})``, which the rule CLI's
+``--mlflow-parent-run-id`` or its environment variable ``MLTRACE_MLFLOW_PARENT_RUN_ID`` sets), or
+a tracking URI is set (MLFLOW_TRACKING_URI / mlflow.set_tracking_uri). Without any of them it
+does nothing and MLflow is not even imported.
 
 The rule run:
 - is a child of the training run (tag ``mlflow.parentRunId``, in the parent's experiment and
@@ -18,20 +20,22 @@ When the condition is met the training run gets the tags ``mltrace.rule.<Rule>.s
 (``IssuesFound``), ``.first_step``, ``.message``, ``.run_id`` and ``mltrace.issues_found=true``,
 set at the first step where it holds (visible while training goes on) and updated at the end;
 a rule that finds nothing leaves ``.status`` = ``NoIssuesFound``. Find them with e.g.
-``mlflow.search_runs(filter_string="tags.`mltrace.rule.VanishingGradient.status` = 'IssuesFound'")``.
+``mlflow.search_runs(filter_string=
+"tags.`mltrace.rule.VanishingGradient.status` = 'IssuesFound'")``.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mltrace import __version__
-from mltrace.rules import results
 from mlflow_plugin import _keys, _tracking
+from mltrace import __version__
+from mltrace.exceptions import MltraceValueError
+from mltrace.rules import results
 
 logger = logging.getLogger(__name__)
 
@@ -39,13 +43,34 @@ METRIC_CONDITION_MET = "condition_met"
 _FLUSH_SECONDS = 5.0
 
 
-def create_listener() -> MlflowRuleListener | None:
-    """The entry point's factory: a listener, or None when MLflow is not installed."""
+#: The listener's options (``invoke_rule(listener_options={"mlflow": {...}})``).
+OPTIONS = {
+    "parent_run_id": "MLflow run whose child the rule run is (default: the run in the trial's "
+                     "run file, if any)",
+}
+
+
+def create_listener(options: Mapping[str, Any] | None = None) -> MlflowRuleListener | None:
+    """The entry point's factory: a listener for one rule execution, or None when MLflow is not
+    installed.
+
+    Args:
+        options: see OPTIONS.
+
+    Raises:
+        MltraceValueError: an unknown option (the message lists the valid ones).
+    """
     import importlib.util
 
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise MltraceValueError(
+            f"MLflow rule listener option(s) {unknown} unknown; valid: "
+            + "; ".join(f"{k}: {v}" for k, v in OPTIONS.items()))
     if importlib.util.find_spec("mlflow") is None:
         return None
-    return MlflowRuleListener()
+    return MlflowRuleListener(parent_run_id=options.get("parent_run_id") or None)
 
 
 @dataclass
@@ -60,58 +85,40 @@ class _RuleRun:
 
 
 class MlflowRuleListener:
-    """Turns rule executions into MLflow runs (see the module docstring)."""
+    """Turns rule executions into MLflow runs (see the module docstring).
 
-    def __init__(self) -> None:
+    Args:
+        parent_run_id: the MLflow run whose child each rule run is; None: the run in the trial's
+            run file, if any.
+    """
+
+    def __init__(self, parent_run_id: str | None = None) -> None:
+        self.parent_run_id = parent_run_id
         self._runs: dict[str, _RuleRun] = {}
 
-    # -- listener protocol --------------------------------------------------------------------------
+    # -- listener protocol ------------------------------------------------------------------
     def started(self, rule: Any, result: results.RuleResult) -> None:
-        """Create the rule's MLflow run (if tracking is configured) and record its ids in ``result``."""
-        parent_id = os.environ.get(_tracking.PARENT_RUN_ENV) or None
+        """Create the rule's MLflow run (if tracking is configured) and record its ids in
+        ``result``."""
+        parent_id = self.parent_run_id
         run_file = _tracking.read_run_file(rule.base_trial.storage)
         configured = _tracking.tracking_configured()
         if not (parent_id or run_file or configured):
             return
-        import mlflow
         from mlflow import MlflowClient
-        from mlflow.tracking.context.registry import resolve_tags
 
-        if run_file is not None and (not parent_id or parent_id == run_file.run_id or not configured):
+        if run_file is not None and (
+                not parent_id or parent_id == run_file.run_id or not configured):
             uri = run_file.tracking_uri
             parent_id = parent_id or run_file.run_id
         else:
             uri = _tracking.resolve_tracking_uri()
         client = MlflowClient(tracking_uri=uri)
-        parent = None
-        if parent_id:
-            try:
-                parent = client.get_run(parent_id)
-                if parent.info.lifecycle_stage == "deleted":
-                    logger.warning("parent MLflow run %s is deleted: %s runs as a top-level run",
-                                   parent_id, rule.rule_name)
-                    parent = None
-            except Exception as exc:
-                logger.warning("parent MLflow run %s not found at %s (%s): %s runs as a top-level run",
-                               parent_id, uri, exc, rule.rule_name)
-        if parent is not None:
-            experiment_id = parent.info.experiment_id
-        else:
-            fluent = uri == _tracking.absolute_uri(mlflow.get_tracking_uri())
-            experiment_id = _tracking.experiment_id_for(client, fluent_store=fluent)
-        tags = {
-            _keys.TAG_RUN_TYPE: "rule", _keys.TAG_RULE: rule.rule_name, _keys.TAG_VERSION: __version__,
-            _keys.TAG_TRIAL: _tracking.trial_location(rule.base_trial.path),
-            _keys.TAG_RULE_STATUS: results.IN_PROGRESS,
-        }
-        if parent is not None:
-            tags[_keys.PARENT_RUN_TAG] = parent.info.run_id
-        run = client.create_run(experiment_id, run_name=rule.rule_name,
-                                tags={k: _keys.tag_value(v) for k, v in resolve_tags(tags).items()})
-        state = _RuleRun(client, run.info.run_id, experiment_id, parent.info.run_id if parent else None)
+        parent = self._parent_run(client, parent_id, uri, rule.rule_name) if parent_id else None
+        state = self._create_run(client, uri, rule, parent)
         self._runs[result.run_id] = state
         result.mlflow_run_id = state.run_id
-        result.mlflow_experiment_id = experiment_id
+        result.mlflow_experiment_id = state.experiment_id
         params = {"rule": rule.rule_name, **{str(k): v for k, v in result.parameters.items()}}
         if getattr(rule, "other_trials", None):
             params["other_trials"] = ",".join(t.path for t in rule.other_trials)
@@ -123,6 +130,46 @@ class MlflowRuleListener:
                 _keys.rule_tag(rule.rule_name, "status"): results.IN_PROGRESS,
                 _keys.rule_tag(rule.rule_name, "run_id"): state.run_id,
             })
+
+    @staticmethod
+    def _parent_run(client: Any, parent_id: str, uri: str, rule_name: str) -> Any:
+        """The parent run, or None (logged) when it is deleted or cannot be found."""
+        try:
+            parent = client.get_run(parent_id)
+        except Exception as exc:
+            logger.warning("parent MLflow run %s not found at %s (%s): %s runs as a top-level "
+                           "run", parent_id, uri, exc, rule_name)
+            return None
+        if parent.info.lifecycle_stage == "deleted":
+            logger.warning("parent MLflow run %s is deleted: %s runs as a top-level run",
+                           parent_id, rule_name)
+            return None
+        return parent
+
+    @staticmethod
+    def _create_run(client: Any, uri: str, rule: Any, parent: Any) -> _RuleRun:
+        """The rule's run: in the parent's experiment when there is a parent, else in the
+        active one."""
+        import mlflow
+        from mlflow.tracking.context.registry import resolve_tags
+
+        if parent is not None:
+            experiment_id = parent.info.experiment_id
+        else:
+            fluent = uri == _tracking.absolute_uri(mlflow.get_tracking_uri())
+            experiment_id = _tracking.experiment_id_for(client, fluent_store=fluent)
+        tags = {
+            _keys.TAG_RUN_TYPE: "rule", _keys.TAG_RULE: rule.rule_name,
+            _keys.TAG_VERSION: __version__,
+            _keys.TAG_TRIAL: _tracking.trial_location(rule.base_trial.path),
+            _keys.TAG_RULE_STATUS: results.IN_PROGRESS,
+        }
+        if parent is not None:
+            tags[_keys.PARENT_RUN_TAG] = parent.info.run_id
+        run = client.create_run(experiment_id, run_name=rule.rule_name,
+                                tags={k: _keys.tag_value(v) for k, v in resolve_tags(tags).items()})
+        return _RuleRun(client, run.info.run_id, experiment_id,
+                        parent.info.run_id if parent is not None else None)
 
     def step_evaluated(self, rule: Any, result: results.RuleResult, step: int, met: bool) -> None:
         """Queue the step's metric; at the first step where the condition holds, tag both runs."""
@@ -159,13 +206,15 @@ class MlflowRuleListener:
             self._tag_findings(rule, result, state, result.status)
             from dataclasses import asdict
 
-            state.client.log_dict(state.run_id, asdict(result), f"{_keys.ARTIFACT_DIR}/rule_result.json")
+            state.client.log_dict(state.run_id, asdict(result),
+                                  f"{_keys.ARTIFACT_DIR}/rule_result.json")
         finally:
             failed = result.status == results.ERROR
             state.client.set_terminated(state.run_id, "FAILED" if failed else "FINISHED")
 
-    # -- helpers --------------------------------------------------------------------------------------
-    def _tag_findings(self, rule: Any, result: results.RuleResult, state: _RuleRun, status: str) -> None:
+    # -- helpers ----------------------------------------------------------------------------
+    def _tag_findings(self, rule: Any, result: results.RuleResult, state: _RuleRun,
+                      status: str) -> None:
         own = {_keys.TAG_RULE_STATUS: status}
         if result.first_step is not None:
             own[_keys.TAG_FIRST_STEP] = str(result.first_step)
@@ -181,7 +230,8 @@ class MlflowRuleListener:
         if not state.parent_run_id:
             return
         name = rule.rule_name
-        parent = {_keys.rule_tag(name, "status"): status, _keys.rule_tag(name, "run_id"): state.run_id}
+        parent = {_keys.rule_tag(name, "status"): status,
+                  _keys.rule_tag(name, "run_id"): state.run_id}
         if result.first_step is not None:
             parent[_keys.rule_tag(name, "first_step")] = str(result.first_step)
             parent[_keys.rule_tag(name, "message")] = result.message or ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from mltrace.format.index import StepIndex
@@ -80,9 +81,11 @@ class TrialIndex:
                 entries = self.tensors.setdefault(base, TensorEntries())
                 entries.reductions.setdefault(step, {}).setdefault(worker, {})[(red, is_abs)] = loc
             else:
-                self.tensors.setdefault(entry.tensorname, TensorEntries()).values.setdefault(step, {})[worker] = loc
+                entries = self.tensors.setdefault(entry.tensorname, TensorEntries())
+                entries.values.setdefault(step, {})[worker] = loc
         for shape in index.shapes:
-            self.tensors.setdefault(shape.tensorname, TensorEntries()).shapes.setdefault(step, {})[worker] = shape.shape
+            entries = self.tensors.setdefault(shape.tensorname, TensorEntries())
+            entries.shapes.setdefault(step, {})[worker] = shape.shape
 
     def locations(self, step: int, worker: str) -> dict[tuple[str, str, bool], Location]:
         """What one index file added: {(tensor, reduction or "", abs): Location} (a scan over
@@ -106,7 +109,7 @@ class TrialIndex:
         return found
 
     def forget(self, step: int, worker: str) -> None:
-        """Drop what one index file added: its step is being rewritten (Trial._reload_step)."""
+        """Drop what one index file added: its step is being rewritten (Trial.reload_step)."""
         self._sorted.clear()
         for name in list(self.tensors):
             entries = self.tensors[name]
@@ -123,9 +126,9 @@ class TrialIndex:
             workers.discard(worker)
         if not workers:
             self.step_workers.pop(step, None)
-            mode, mode_step = self.global_to_mode.pop(step, (None, None))
-            if mode is not None and self.mode_to_global[mode].get(mode_step) == step:
-                del self.mode_to_global[mode][mode_step]
+            known = self.global_to_mode.pop(step, None)
+            if known is not None and self.mode_to_global[known[0]].get(known[1]) == step:
+                del self.mode_to_global[known[0]][known[1]]
             self.mode_to_global[ModeKeys.GLOBAL].pop(step, None)
 
     def to_global(self, step: int, mode: ModeKeys) -> int | None:
@@ -134,16 +137,16 @@ class TrialIndex:
             return step if step in self.global_to_mode else None
         return self.mode_to_global.get(mode, {}).get(step)
 
-    def steps_of(self, global_steps: set[int] | list[int], mode: ModeKeys) -> list[int]:
+    def steps_of(self, global_steps: Iterable[int], mode: ModeKeys) -> list[int]:
         """``global_steps`` as sorted steps of ``mode`` (mode steps; global steps for GLOBAL)."""
         if mode is ModeKeys.GLOBAL:
             return sorted(global_steps)
         out = []
         for g in global_steps:
-            m, ms = self.global_to_mode.get(g, (None, None))
-            if m is mode:
-                out.append(ms)
-        return sorted(out)  # type: ignore[arg-type]
+            known = self.global_to_mode.get(g)
+            if known is not None and known[0] is mode:
+                out.append(known[1])
+        return sorted(out)
 
     def modes(self) -> list[ModeKeys]:
         """Modes seen, GLOBAL left out unless only GLOBAL steps exist (smdebug)."""

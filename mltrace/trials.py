@@ -9,17 +9,22 @@ as they land and learns that training ended from ``training_job_end.ts``.
 from __future__ import annotations
 
 import bisect
+import difflib
+import inspect
 import logging
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from enum import Enum
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
-from mltrace._trial_index import Location, TensorEntries, TrialIndex
+# Location and TensorEntries are part of the reader API (index_entries returns them).
+from mltrace._trial_index import Location as Location
+from mltrace._trial_index import TensorEntries as TensorEntries
+from mltrace._trial_index import TrialIndex
 from mltrace.collections import Collection, CollectionManager
 from mltrace.exceptions import (
     CorruptRecordError,
@@ -34,9 +39,8 @@ from mltrace.exceptions import (
     TensorUnavailableForStep,
 )
 from mltrace.format import paths
-from mltrace.format._wire import WireError
 from mltrace.format.crc32c import crc32c
-from mltrace.format.events import decode_tensor_payload
+from mltrace.format.events import WireError, decode_event, decode_tensor_payload
 from mltrace.format.index import decode_index
 from mltrace.format.records import unframe_record
 from mltrace.modes import ModeKeys, mode_from
@@ -93,6 +97,20 @@ class Trial:
         timeout: seconds to wait for the first collections file before raising
             MissingCollectionFiles (default 10, or MLTRACE_TRIAL_WAIT).
         poll_interval: seconds between polls while waiting.
+        check: smdebug's argument, accepted so that smdebug calls run; no effect (every record is
+            checked against the CRC its index entry stores).
+        index_mode: smdebug's argument (its only supported mode); no effect.
+        cache: smdebug's argument; no effect (values are read when asked for).
+        parallel: smdebug's argument; no effect (remote stores fetch batches in parallel).
+
+    Raises:
+        MltraceTypeError: an unknown keyword argument (the message lists the valid ones).
+        MissingCollectionFiles: no collections file appeared within ``timeout``.
+
+    Beside smdebug's API, the reader API that Tensor, the rules and the plugins build on:
+    ``index_entries``, ``tensor_count``, ``saved_steps``, ``is_step_complete``,
+    ``to_global_step``, ``to_mode_steps``, ``read_tensor``, ``read_tensors``, ``reload_step``,
+    ``raise_for_missing_step`` and ``step_wall_time``.
     """
 
     def __init__(
@@ -102,8 +120,15 @@ class Trial:
         range_steps: tuple[int | None, int | None] | None = None,
         timeout: float | None = None,
         poll_interval: float = POLL_INTERVAL,
-        **_ignored: Any,
+        *,
+        check: bool = False,
+        index_mode: bool = True,
+        cache: bool = False,
+        parallel: bool = True,
+        **unknown: Any,
     ) -> None:
+        if unknown:
+            raise _unknown_keywords("Trial", unknown, trial_keywords())
         self.path = path.strip()
         self.name = name or os.path.basename(self.path.rstrip("/")) or self.path
         self.storage = open_storage(self.path)
@@ -111,7 +136,7 @@ class Trial:
         self.poll_interval = poll_interval
         self._index = TrialIndex()
         self._read_keys: set[str] = set()
-        self._rewritten: set[str] = set()  # index files being rewritten, see _reload_step
+        self._rewritten: set[str] = set()  # index files being rewritten, see reload_step
         self._token: str | None = None
         self.loaded_all_steps = False
         self.last_complete_step = -1
@@ -123,12 +148,15 @@ class Trial:
         self.incomplete_step_window = _incomplete_step_window()
         #: seconds between automatic refreshes: none locally, 1 s on remote stores
         self.refresh_interval = 0.0 if self.storage.local_path(paths.END_OF_JOB_MARKER) else 1.0
-        self._load_collections(_env_seconds("MLTRACE_TRIAL_WAIT", DEFAULT_CREATE_TIMEOUT) if timeout is None else timeout)
+        if timeout is None:
+            timeout = _env_seconds("MLTRACE_TRIAL_WAIT", DEFAULT_CREATE_TIMEOUT)
+        self._load_collections(timeout)
         self.refresh_data()
 
     # -- loading --------------------------------------------------------------------------------
     def _collection_keys(self) -> list[str]:
-        return [k for k in self.storage.list(paths.COLLECTIONS_DIR) if paths.parse_collections_key(k)]
+        keys = self.storage.list(paths.COLLECTIONS_DIR)
+        return [k for k in keys if paths.parse_collections_key(k)]
 
     def _load_collections(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -151,7 +179,7 @@ class Trial:
         if len(keys) < self.num_workers:
             logger.warning("trial %s expects %d workers but has collections files of %d so far",
                            self.path, self.num_workers, len(keys))
-        self._workers = {paths.parse_collections_key(k) for k in keys}  # type: ignore[misc]
+        self._workers = {w for k in keys if (w := paths.parse_collections_key(k))}
 
     def refresh_data(self) -> None:
         """Read index files that appeared since the last refresh."""
@@ -169,7 +197,8 @@ class Trial:
             if self._index.step_workers:
                 self.last_complete_step = max(self._index.step_workers)
 
-    def _ingest(self, keys: Iterable[str]) -> None:
+    def _new_index_keys(self, keys: Iterable[str]) -> list[tuple[str, int, str]]:
+        """(key, global step, worker) of the index files in ``keys`` not read yet, in range."""
         todo: list[tuple[str, int, str]] = []
         for key in keys:
             if key in self._read_keys:
@@ -185,10 +214,15 @@ class Trial:
                 if (begin is not None and step < begin) or (end is not None and step >= end):
                     continue
             todo.append((key, step, worker))
+        return todo
+
+    def _ingest(self, keys: Iterable[str]) -> None:
+        todo = self._new_index_keys(keys)
         for start in range(0, len(todo), 256):  # remote storages fetch a batch in parallel
             batch = todo[start:start + 256]
             try:
-                blobs: list[bytes | Exception] = list(self.storage.read_many([(k, 0, None) for k, _, _ in batch]))
+                blobs: list[bytes | Exception] = list(
+                    self.storage.read_many([(k, 0, None) for k, _, _ in batch]))
             except OSError:
                 blobs = [self._read_or_error(k) for k, _, _ in batch]
             for (key, step, worker), blob in zip(batch, blobs):
@@ -252,7 +286,8 @@ class Trial:
             return self._collection_manager.get(name, create=False)
         except KeyError:
             raise MltraceValueError(
-                f"collection {name!r} is not in trial {self.name!r}; it has {sorted(self.collections())}"
+                f"collection {name!r} is not in trial {self.name!r}; "
+                f"it has {sorted(self.collections())}"
             ) from None
 
     def tensors_in_collection(self, coll: str | Collection) -> list[Tensor]:
@@ -271,13 +306,14 @@ class Trial:
             raise MltraceValueError("pass regex or collection to tensor_names, not both")
         self.maybe_refresh()
         mode = mode_from(mode)
-        names = set(self._index.tensors)
+        tensors = self._index.tensors
+        names = set(tensors)
         if step is not None:
             g = self._index.to_global(step, mode)
-            names = {n for n in names if g is not None and g in self._index.tensors[n].global_steps()}
+            names = {n for n in names if g is not None and g in tensors[n].global_steps()}
         elif mode is not ModeKeys.GLOBAL:  # names saved in that mode (smdebug)
             steps = set(self._index.mode_to_global.get(mode, {}).values())
-            names = {n for n in names if steps & self._index.tensors[n].global_steps()}
+            names = {n for n in names if steps & tensors[n].global_steps()}
         if regex is not None:
             patterns = [_compile_regex(r) for r in ([regex] if isinstance(regex, str) else regex)]
             names = {n for n in names if any(p.search(n) for p in patterns)}
@@ -285,7 +321,8 @@ class Trial:
             coll = collection if isinstance(collection, Collection) else self.collection(collection)
             names = {n for n in names if coll.matches(n)}
         if not names:
-            logger.debug("tensor_names found no tensor for step=%s regex=%s collection=%s", step, regex, collection)
+            logger.debug("tensor_names found no tensor for step=%s regex=%s collection=%s",
+                         step, regex, collection)
         return sorted(names)
 
     def has_tensor(self, name: str) -> bool:
@@ -304,21 +341,15 @@ class Trial:
             raise TensorUnavailable(name)
         return Tensor(name, self)
 
-    def _entries(self, name: str) -> TensorEntries:
-        return self._index.tensors[name]
-
     # -- steps and modes -------------------------------------------------------------------------
-    def _is_complete(self, step: int) -> bool:
-        return (self.loaded_all_steps or step <= self.last_complete_step
-                or len(self._index.step_workers.get(step, ())) >= self.num_workers)
-
-    def steps(self, mode: ModeKeys | str = ModeKeys.GLOBAL, show_incomplete_steps: bool = False) -> list[int]:
+    def steps(self, mode: ModeKeys | str = ModeKeys.GLOBAL,
+              show_incomplete_steps: bool = False) -> list[int]:
         """Saved steps of ``mode`` (mode steps; global steps for GLOBAL), complete ones only
         unless ``show_incomplete_steps``."""
         self.maybe_refresh()
         steps = set(self._index.step_workers)
         if not show_incomplete_steps:
-            steps = {s for s in steps if self._is_complete(s)}
+            steps = {s for s in steps if self.is_step_complete(s)}
         return self._index.steps_of(steps, mode_from(mode))
 
     def modes(self) -> list[ModeKeys]:
@@ -364,11 +395,16 @@ class Trial:
             return StepState.UNAVAILABLE if self.loaded_all_steps else StepState.NOT_YET_AVAILABLE
         first = seen[pos]
         g = self._index.to_global(first, mode)
+        if g is None:  # cannot happen: ``seen`` lists the steps the index maps
+            return StepState.NOT_YET_AVAILABLE
         if first > step:
-            return StepState.UNAVAILABLE if self.last_complete_step >= g else StepState.NOT_YET_AVAILABLE  # type: ignore[operator]
-        return StepState.AVAILABLE if self._is_complete(g) else StepState.NOT_YET_AVAILABLE  # type: ignore[arg-type]
+            if self.last_complete_step >= g:
+                return StepState.UNAVAILABLE
+            return StepState.NOT_YET_AVAILABLE
+        return StepState.AVAILABLE if self.is_step_complete(g) else StepState.NOT_YET_AVAILABLE
 
-    def wait_for_steps(self, required_steps: Iterable[int], mode: ModeKeys | str = ModeKeys.GLOBAL,
+    def wait_for_steps(self, required_steps: Iterable[int],
+                       mode: ModeKeys | str = ModeKeys.GLOBAL,
                        timeout: float | None = None) -> None:
         """Wait until every step of ``required_steps`` is available.
 
@@ -378,30 +414,121 @@ class Trial:
             StepNotYetAvailable: ``timeout`` seconds passed (default 3600, MLTRACE_STEP_WAIT).
         """
         mode = mode_from(mode)
-        limit = _env_seconds("MLTRACE_STEP_WAIT", DEFAULT_STEP_TIMEOUT) if timeout is None else timeout
-        deadline = time.monotonic() + limit
+        if timeout is None:
+            timeout = _env_seconds("MLTRACE_STEP_WAIT", DEFAULT_STEP_TIMEOUT)
+        deadline = time.monotonic() + timeout
         for step in sorted(set(required_steps)):
             while True:
                 state = self.has_passed_step(step, mode)
                 if state is StepState.AVAILABLE:
                     break
                 if state is StepState.UNAVAILABLE:
-                    self._raise_for_missing_step(step, mode)
+                    self.raise_for_missing_step(step, mode)
                 if time.monotonic() >= deadline:
                     raise StepNotYetAvailable(step, mode)
                 time.sleep(self.poll_interval)
                 self.maybe_refresh(force=True)
 
-    def _raise_for_missing_step(self, step: int, mode: ModeKeys, tname: str | None = None) -> None:
+    # -- the index as read so far (no refresh): what Tensor, the rules and plugins build on -----
+    def index_entries(self, name: str) -> TensorEntries:
+        """Where each record of tensor ``name`` lives, per global step and worker.
+
+        Answers from the index files read so far (call ``maybe_refresh`` first to look for new
+        ones). The object is the reader's own: read it, do not change it.
+
+        Args:
+            name: a tensor name (one of ``tensor_names()``).
+
+        Returns:
+            TensorEntries: ``values`` {global step: {worker: Location}}, ``reductions``
+            {global step: {worker: {(reduction, abs): Location}}}, ``shapes``
+            {global step: {worker: shape}}, and ``global_steps()``.
+
+        Raises:
+            TensorUnavailable: the index holds no record of ``name``.
+        """
+        try:
+            return self._index.tensors[name]
+        except KeyError:
+            raise TensorUnavailable(name) from None
+
+    def tensor_count(self) -> int:
+        """How many tensor names the index files read so far hold (no refresh); cheap, so that
+        a consumer can cache what it derives from ``tensor_names()`` until this changes."""
+        return len(self._index.tensors)
+
+    def saved_steps(self, mode: ModeKeys | str = ModeKeys.GLOBAL) -> Sequence[int]:
+        """Every step read so far in ``mode``, complete or not (mode steps; global steps for
+        GLOBAL), sorted; no refresh. The sequence is cached until the next index file is read,
+        so that step lookups on long runs stay logarithmic: do not change it."""
+        return self._index.sorted_steps(mode_from(mode))
+
+    def is_step_complete(self, step: int) -> bool:
+        """True if global ``step`` is complete: every worker wrote it, training ended, or a
+        later step is complete (smdebug's rule; see ``incomplete_step_window``)."""
+        return (self.loaded_all_steps or step <= self.last_complete_step
+                or len(self._index.step_workers.get(step, ())) >= self.num_workers)
+
+    def to_global_step(self, step: int, mode: ModeKeys | str = ModeKeys.GLOBAL) -> int | None:
+        """The global step of ``step`` of ``mode`` from the index read so far (no refresh; see
+        ``global_step`` for a lookup that refreshes); a GLOBAL step maps to itself when saved.
+
+        Returns:
+            the global step, or None when no index file read so far has it.
+        """
+        return self._index.to_global(step, mode_from(mode))
+
+    def to_mode_steps(self, global_steps: Iterable[int],
+                      mode: ModeKeys | str = ModeKeys.GLOBAL) -> list[int]:
+        """``global_steps`` as sorted steps of ``mode``: mode steps of those saved in ``mode``
+        (others left out), or the global steps themselves for GLOBAL."""
+        return self._index.steps_of(global_steps, mode_from(mode))
+
+    def step_wall_time(self, step: int) -> float | None:
+        """When global ``step`` was written: the wall time of one of its records (None when no
+        record of it can be read or none carries a wall time)."""
+        for entries in self._index.tensors.values():
+            by_worker = entries.values.get(step) or None
+            locations = list(by_worker.values()) if by_worker else []
+            if not locations and step in entries.reductions:
+                locations = [loc for reds in entries.reductions[step].values()
+                             for loc in reds.values()]
+            for loc in locations:
+                where = f"{self.storage.uri}/{loc.key}"
+                try:
+                    record = self.storage.read(loc.key, loc.start, loc.length)
+                    wall = decode_event(unframe_record(record, where)).wall_time
+                except (OSError, ValueError):
+                    continue
+                return wall or None
+        return None
+
+    def raise_for_missing_step(self, step: int, mode: ModeKeys | str = ModeKeys.GLOBAL,
+                               tensor_name: str | None = None) -> NoReturn:
+        """Raise the error that says why ``step`` of ``mode`` cannot be read.
+
+        Args:
+            step: a step of ``mode`` that the index does not hold.
+            mode: its mode.
+            tensor_name: the tensor being read, if any: then a step that may still be written
+                raises StepNotYetAvailable.
+
+        Raises:
+            NoMoreData: training ended before ``step``.
+            StepNotYetAvailable: reading a tensor at a step training may still write.
+            StepUnavailable: otherwise (training skipped the step).
+        """
+        mode = mode_from(mode)
         seen = self._index.sorted_steps(mode)
         if self.loaded_all_steps and (not seen or step > seen[-1]):
             raise NoMoreData(step, mode, seen[-1] if seen else None)
-        if tname is not None and self.has_passed_step(step, mode) is StepState.NOT_YET_AVAILABLE:
+        if (tensor_name is not None
+                and self.has_passed_step(step, mode) is StepState.NOT_YET_AVAILABLE):
             raise StepNotYetAvailable(step, mode)
         raise StepUnavailable(step, mode)
 
     # -- reading records -----------------------------------------------------------------------
-    def _reload_step(self, step: int) -> bool:
+    def reload_step(self, step: int) -> bool:
         """Read the index files of global ``step`` again; True if one changed or is gone.
 
         A job restarted into this out_dir after a crash writes its steps again (mltrace.writer),
@@ -431,24 +558,46 @@ class Trial:
             changed = True
         return changed
 
-    def _read_tensor(self, loc: Location, tname: str, step: int, mode: ModeKeys) -> np.ndarray:
-        try:
-            record = self.storage.read(loc.key, loc.start, loc.length)
-        except FileNotFoundError:
-            logger.warning("events file %s/%s listed by the index is missing; step %d of %s skipped",
-                           self.storage.uri, loc.key, step, tname)
-            raise TensorUnavailableForStep(tname, step, mode) from None
-        return self._decode_record(record, loc)
+    def read_tensor(self, location: Location, tensor_name: str, step: int,
+                    mode: ModeKeys | str = ModeKeys.GLOBAL) -> np.ndarray:
+        """Read and check one record (one ranged read).
 
-    def _read_tensors(self, locs: list[Location]) -> list[bytes]:
-        """Fetch several records at once (in parallel on remote stores)."""
-        return self.storage.read_many([(loc.key, loc.start, loc.length) for loc in locs])
+        Args:
+            location: where the record lives, from ``index_entries``.
+            tensor_name, step, mode: what the record is, for messages and errors.
+
+        Raises:
+            TensorUnavailableForStep: the events file the index lists is missing.
+            CorruptRecordError: the record fails its CRC checks or is not a record of its tensor
+                (``reload_step`` tells whether the step was rewritten since it was indexed).
+            MltraceTypeError: a dtype this reader does not know.
+        """
+        try:
+            record = self.storage.read(location.key, location.start, location.length)
+        except FileNotFoundError:
+            logger.warning("events file %s/%s listed by the index is missing; step %d of %s "
+                           "skipped", self.storage.uri, location.key, step, tensor_name)
+            raise TensorUnavailableForStep(tensor_name, step, mode_from(mode)) from None
+        return self._decode_record(record, location)
+
+    def read_tensors(self, locations: Sequence[Location]) -> list[np.ndarray]:
+        """Read and check several records at once (in parallel on remote stores).
+
+        Raises:
+            FileNotFoundError: an events file the index lists is missing.
+            CorruptRecordError, MltraceTypeError: as ``read_tensor``; read one by one with
+                ``read_tensor`` to learn which record.
+        """
+        requests = [(loc.key, loc.start, loc.length) for loc in locations]
+        records: list[bytes] = list(self.storage.read_many(requests))
+        return [self._decode_record(rec, loc) for rec, loc in zip(records, locations)]
 
     def _decode_record(self, record: bytes, loc: Location) -> np.ndarray:
         where = f"{self.storage.uri}/{loc.key} at byte {loc.start}"
         payload = unframe_record(record, where)
         if loc.crc32c is not None and crc32c(payload) != loc.crc32c:
-            raise CorruptRecordError(where, f"payload CRC32C {crc32c(payload)} differs from the index's {loc.crc32c}")
+            raise CorruptRecordError(where, f"payload CRC32C {crc32c(payload)} differs from "
+                                            f"the index's {loc.crc32c}")
         try:
             tensor = decode_tensor_payload(payload, loc.tag)
         except WireError as exc:
@@ -474,17 +623,61 @@ def _compile_regex(regex: Any) -> re.Pattern[str]:
         ) from None
 
 
-def create_trial(path: str | None = None, name: str | None = None, *, out_dir: str | None = None,
-                 **kwargs: Any) -> Trial:
+def trial_keywords() -> list[str]:
+    """The keyword arguments Trial (and so create_trial) takes, in signature order."""
+    params = inspect.signature(Trial.__init__).parameters.values()
+    return [p.name for p in params
+            if p.name not in ("self", "path") and p.kind is not p.VAR_KEYWORD]
+
+
+def _unknown_keywords(where: str, unknown: dict[str, Any], valid: list[str]) -> MltraceTypeError:
+    """The error for keyword arguments ``where`` does not take: each named, with the closest
+    valid one (difflib) and the full list."""
+    hints = []
+    for name in sorted(unknown):
+        close = difflib.get_close_matches(name, valid, n=1)
+        hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return MltraceTypeError(
+        f"{where}() got unknown keyword argument(s) {', '.join(hints)}; "
+        f"valid keyword arguments are: {', '.join(valid)}"
+    )
+
+
+def create_trial(path: str | None = None, name: str | None = None, *,
+                 out_dir: str | None = None, profiler: bool = False,
+                 output_dir: str | None = None, **kwargs: Any) -> Trial:
     """Open the trial at ``path`` (or ``out_dir=``), a hook's output directory.
 
-    Keyword args go to Trial (range_steps, timeout, poll_interval).
+    Args:
+        path: the trial's location (local path or URI), as smdebug's first argument.
+        name: a display name (default: the last path component).
+        out_dir: the same as ``path``, by the hook's name for it.
+        profiler: smdebug's argument for its profiler trials; mltrace writes no profiler data,
+            so only False is accepted.
+        output_dir: smdebug's argument (where its profiler trials wrote reports); no effect.
+        **kwargs: Trial's keyword arguments (``range_steps``, ``timeout``, ``poll_interval``, and
+            smdebug's ``check``, ``index_mode``, ``cache``, ``parallel``).
+
+    Raises:
+        MltraceValueError: no location given, or ``profiler=True``.
+        MltraceTypeError: an unknown keyword argument (the message lists the valid ones).
 
     Example:
         >>> trial = create_trial("/tmp/run")
         >>> trial.tensor("gradient/Net_fc1.weight").values()
     """
+    if kwargs:
+        valid = [*trial_keywords(), "out_dir", "profiler", "output_dir"]
+        unknown = {k: v for k, v in kwargs.items() if k not in valid}
+        if unknown:
+            raise _unknown_keywords("create_trial", unknown, valid)
+    if profiler:
+        raise MltraceValueError(
+            "create_trial(profiler=True) opens smdebug's profiler trials; mltrace records no "
+            "profiler data (use MLflow's system metrics): call create_trial(path)"
+        )
     location = path if path is not None else out_dir
     if location is None:
-        raise MltraceValueError("create_trial needs the trial's path: create_trial('/path/to/out_dir')")
+        raise MltraceValueError(
+            "create_trial needs the trial's path: create_trial('/path/to/out_dir')")
     return Trial(location, name=name, **kwargs)

@@ -23,6 +23,10 @@ from mltrace.format import _wire as w
 from mltrace.format.tensors import decode_tensor, encode_tensor
 from mltrace.modes import MODE_PLUGIN_NAME, MODE_STEP_PLUGIN_NAME, ModeKeys
 
+#: What a decoder raises for bytes that are not the proto it expects (public name of
+#: _wire's error, so that readers need not import the private module).
+WireError = w.WireError
+
 
 def _plugin_data(name: str, content: str) -> bytes:
     return w.len_field(1, w.len_field(1, name.encode()) + w.len_field(2, content.encode()))
@@ -207,7 +211,7 @@ def decode_event(payload: bytes | memoryview) -> DecodedEvent:
     """Parse an Event payload (one record's bytes without framing).
 
     Raises:
-        mltrace.format._wire.WireError: bytes that are not an Event.
+        WireError: bytes that are not an Event.
         mltrace.exceptions.MltraceTypeError: a tensor of a DataType this reader does not know.
     """
     event = DecodedEvent()
@@ -275,7 +279,7 @@ def decode_tensor_payload(payload: bytes, tag: str | None = None) -> np.ndarray 
             is refused (an index entry pointing at the wrong record, whose own CRC matches).
 
     Raises:
-        mltrace.format._wire.WireError: not an Event, or a record of another tensor than ``tag``.
+        WireError: not an Event, or a record of another tensor than ``tag``.
         mltrace.exceptions.MltraceTypeError: a DataType this reader does not know.
     """
     buf = bytes(payload)

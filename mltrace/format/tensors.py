@@ -22,6 +22,10 @@ import numpy as np
 from mltrace.exceptions import MltraceTypeError
 from mltrace.format import _wire as w
 
+#: What a decoder raises for bytes that are not the proto it expects (public name of
+#: _wire's error, so that readers need not import the private module).
+WireError = w.WireError
+
 # TensorFlow DataType numbers (types.proto).
 DT_INVALID, DT_FLOAT, DT_DOUBLE, DT_INT32, DT_UINT8, DT_INT16, DT_INT8, DT_STRING = range(8)
 DT_COMPLEX64, DT_INT64, DT_BOOL = 8, 9, 10
@@ -152,7 +156,7 @@ def decode_tensor(data: bytes | memoryview) -> np.ndarray:
 
     Raises:
         MltraceTypeError: a DataType this reader does not know.
-        mltrace.format._wire.WireError: bytes that are not a TensorProto, or whose shape does not
+        WireError: bytes that are not a TensorProto, or whose shape does not
             fit their values (a damaged record).
     """
     try:

@@ -4,7 +4,8 @@
 
     {"name": "stoptraining"}                      write the stop signal into the trial: the
                                                   hook ends training at its next step boundary
-    {"name": "notify", "webhook": "https://..."}  log a warning; POST a JSON message if a URL is given
+    {"name": "notify", "webhook": "https://..."}  log a warning; POST a JSON message if a URL is
+                                                  given
 
 smdebug's SageMaker-only actions ("sms", "email" through SNS, and "training_job_prefix") have
 no service behind them here: they are accepted and logged as notifications, with a note.
@@ -103,9 +104,11 @@ def parse_actions(action_str: Any, rule_name: str = "rule") -> list[Action]:
         elif name == "notify":
             actions.append(Notify(item.get("webhook") or item.get("url")))
         elif name in ("sms", "email"):
-            actions.append(Notify(note=f"{name} to {item.get('endpoint')} needs SageMaker's SNS; logged instead"))
+            note = f"{name} to {item.get('endpoint')} needs SageMaker's SNS; logged instead"
+            actions.append(Notify(note=note))
         else:
             raise MltraceValueError(
-                f"{rule_name}: unknown action {name!r}; use stoptraining or notify (sms/email are logged)"
+                f"{rule_name}: unknown action {name!r}; use stoptraining or notify "
+                "(sms/email are logged)"
             )
     return actions

@@ -42,13 +42,14 @@ class RequiredTensors:
 
     def add(self, name: str | Tensor, steps: Iterable[int], trial: Trial | None = None,
             should_match_regex: bool = False) -> None:
-        """Require tensor ``name`` (a name, a regex when ``should_match_regex``, or a Tensor) at ``steps``.
+        """Require tensor ``name`` (a name, a regex when ``should_match_regex``, or a Tensor) at
+        ``steps``.
 
         Raises:
             TensorUnavailable: no tensor of that name (or none matching the regex) in the trial.
         """
         entry = self._of(trial)
-        tname = getattr(name, "name", name)
+        tname = name if isinstance(name, str) else str(getattr(name, "name", name))
         if should_match_regex:
             names = entry.trial.tensor_names(regex=tname)
             if not names:

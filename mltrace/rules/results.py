@@ -1,19 +1,25 @@
 """The record of one rule execution: status, steps evaluated, steps where it fired, message.
 
 Each execution writes a small JSON into the trial (``mltrace_rules/``), which the TensorBoard
-plugin shows without MLflow, and notifies listeners: the MLflow side registers one (entry point
-group ``mltrace.rule_listeners``) that turns the execution into an MLflow run.
+plugin shows without MLflow, and notifies listeners: the MLflow side registers a listener
+factory (entry point group ``mltrace.rule_listeners``, see mltrace.plugins) whose listener turns
+the execution into an MLflow run. ``invoke_rule`` creates the listeners of each execution with
+their options (``listener_options``), so no state passes between modules otherwise.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import time
 import uuid
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from mltrace import plugins
+from mltrace.exceptions import MltraceValueError
 from mltrace.format import paths
 
 if TYPE_CHECKING:
@@ -65,8 +71,8 @@ class RuleListener(Protocol):
     def finished(self, rule: Rule, result: RuleResult) -> None: ...
 
 
+#: Listeners added with add_rule_listener: notified of every rule execution in this process.
 _listeners: list[RuleListener] = []
-_entry_points_loaded = False
 
 
 def add_rule_listener(listener: RuleListener) -> None:
@@ -80,28 +86,53 @@ def remove_rule_listener(listener: RuleListener) -> None:
         _listeners.remove(listener)
 
 
-def rule_listeners() -> list[RuleListener]:
-    """Registered listeners, plus those of the ``mltrace.rule_listeners`` entry points (loaded
-    once; a broken plugin is logged and skipped)."""
-    global _entry_points_loaded
-    if not _entry_points_loaded:
-        _entry_points_loaded = True
-        from importlib.metadata import entry_points
+def rule_listeners(options: Mapping[str, Mapping[str, Any]] | None = None) -> list[RuleListener]:
+    """The listeners of one rule execution: those added with ``add_rule_listener``, then one
+    made by each factory of the ``mltrace.rule_listeners`` registry (mltrace.plugins; entry
+    points of other packages), given its options. A factory that fails is logged and skipped.
 
-        for ep in entry_points(group="mltrace.rule_listeners"):
-            try:
-                factory = ep.load()
-                listener = factory()
-                if listener is not None:
-                    _listeners.append(listener)
-            except Exception as exc:
-                logger.warning("rule listener plugin %s could not be loaded: %s", ep.name, exc)
-    return list(_listeners)
+    Args:
+        options: options per listener name, e.g. ``{"mlflow": {"parent_run_id": "..."}}``.
+
+    Raises:
+        MltraceValueError: a listener refuses its options.
+    """
+    options = dict(options or {})
+    factories = plugins.rule_listeners.items()
+    for name in sorted(set(options) - set(factories)):
+        logger.warning("options for rule listener %r are ignored: %s", name,
+                       plugins.rule_listeners.describe_missing(name))
+    found = list(_listeners)
+    for name, factory in factories.items():
+        try:
+            listener = _create_listener(factory, dict(options.get(name) or {}))
+        except MltraceValueError:
+            raise
+        except Exception as exc:  # a broken plugin must not stop the rule
+            logger.warning("rule listener plugin %s could not be created: %s: %s", name,
+                           type(exc).__name__, exc)
+            continue
+        if listener is not None:
+            found.append(listener)
+    return found
 
 
-def notify(event: str, *args: Any) -> None:
-    """Call ``event`` on every listener; a failing listener is logged, never fatal to the rule."""
-    for listener in rule_listeners():
+def _create_listener(factory: Callable[..., Any], options: dict[str, Any]) -> Any:
+    """``factory(options)``; a factory that takes no argument (written before listeners had
+    options) is called without, when there are no options to give it."""
+    try:
+        takes_options = bool(inspect.signature(factory).parameters)
+    except (TypeError, ValueError):  # no signature to read (a builtin): assume the protocol
+        takes_options = True
+    if not takes_options and not options:
+        return factory()
+    return factory(options)
+
+
+def notify(event: str, *args: Any, listeners: Sequence[RuleListener] | None = None) -> None:
+    """Call ``event`` on each of ``listeners`` (default: ``rule_listeners()``); a failing
+    listener is logged, never fatal to the rule."""
+    for listener in rule_listeners() if listeners is None else listeners:
         try:
             getattr(listener, event)(*args)
         except Exception as exc:

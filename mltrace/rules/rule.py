@@ -75,8 +75,9 @@ class Rule(ABC):
         self.report: dict[str, Any] = {"RuleTriggered": 0, "Violations": 0, "Details": {},
                                        "Datapoints": 0, "RuleParameters": ""}
 
-    def set_required_tensors(self, step: int) -> None:
-        """Declare with ``self.req_tensors.add(...)`` what ``invoke_at_step(step)`` reads."""
+    def set_required_tensors(self, step: int) -> None:  # noqa: B027 - optional, as in smdebug
+        """Declare with ``self.req_tensors.add(...)`` what ``invoke_at_step(step)`` reads
+        (optional: a rule that reads tensors itself leaves it out)."""
 
     @abstractmethod
     def invoke_at_step(self, step: int) -> bool:
@@ -110,7 +111,8 @@ class Rule(ABC):
         return [s for s, met in self.evaluations if met]
 
     def parameters(self) -> dict[str, Any]:
-        """The rule's configuration as reported in results (public attributes that are plain values)."""
+        """The rule's configuration as reported in results (public attributes that are plain
+        values)."""
         skip = {"base_trial", "other_trials", "trials", "rule_name", "logger", "req_tensors",
                 "actions", "evaluations", "last_message", "report", "action_str"}
         out = {}
@@ -118,10 +120,12 @@ class Rule(ABC):
             if key.startswith("_") or key in skip:
                 continue
             if isinstance(value, (str, int, float, bool, type(None))) or (
-                isinstance(value, (list, tuple)) and all(isinstance(v, (str, int, float, bool)) for v in value)
+                isinstance(value, (list, tuple))
+                and all(isinstance(v, (str, int, float, bool)) for v in value)
             ):
                 out[key] = list(value) if isinstance(value, tuple) else value
         return out
 
     def __repr__(self) -> str:
-        return f"<Rule {self.rule_name} on {self.base_trial.name!r} {json.dumps(self.parameters())}>"
+        params = json.dumps(self.parameters())
+        return f"<Rule {self.rule_name} on {self.base_trial.name!r} {params}>"

@@ -22,7 +22,8 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mltrace.exceptions import (
@@ -33,7 +34,6 @@ from mltrace.exceptions import (
     TensorUnavailable,
     TensorUnavailableForStep,
 )
-from mltrace.modes import ModeKeys
 from mltrace.rules import results
 from mltrace.rules.rule import Rule
 
@@ -42,13 +42,15 @@ logger = logging.getLogger(__name__)
 
 def _next_step(rule: Rule, step: int) -> int:
     """The next global step worth evaluating: the next saved one when the trial knows it."""
-    steps = rule.base_trial._index.sorted_steps(ModeKeys.GLOBAL)
+    steps = rule.base_trial.saved_steps()
     pos = bisect.bisect_right(steps, step)
     return steps[pos] if pos < len(steps) else step + 1
 
 
 def invoke_rule(rule: Rule, start_step: int | None = None, end_step: int | None = None,
-                raise_eval_cond: bool = False, *, progress: bool = False) -> results.RuleResult:
+                raise_eval_cond: bool = False, *, progress: bool = False,
+                listener_options: Mapping[str, Mapping[str, Any]] | None = None,
+                ) -> results.RuleResult:
     """Evaluate ``rule`` at each saved step from ``start_step`` to ``end_step`` (exclusive).
 
     With no ``end_step`` it follows a live trial until training ends, then raises NoMoreData
@@ -61,6 +63,9 @@ def invoke_rule(rule: Rule, start_step: int | None = None, end_step: int | None 
         end_step: stop before this global step (default: follow the trial to its end).
         raise_eval_cond: re-raise RuleEvaluationConditionMet at the first step where it holds.
         progress: show a progress bar over steps (tqdm).
+        listener_options: options per rule listener (mltrace.rules.results.rule_listeners),
+            e.g. ``{"mlflow": {"parent_run_id": run_id}}`` to make the MLflow rule run a child
+            of that run.
 
     Returns:
         the RuleResult (also when NoMoreData ends the run: it is attached to the exception as
@@ -69,41 +74,17 @@ def invoke_rule(rule: Rule, start_step: int | None = None, end_step: int | None 
     step = 0 if start_step is None else int(start_step)
     result = results.RuleResult(rule=rule.rule_name, trial=rule.base_trial.path,
                                 parameters=rule.parameters())
-    results.notify("started", rule, result)
+    listeners = results.rule_listeners(listener_options)
+    results.notify("started", rule, result, listeners=listeners)
     bar = _progress_bar(rule, step, end_step) if progress else None
-    outcome: BaseException | None = None
     try:
-        while end_step is None or step < end_step:
-            met = False
-            try:
-                rule.invoke(step)
-            except (TensorUnavailableForStep, StepUnavailable, TensorUnavailable) as exc:
-                logger.debug("%s: step %d skipped: %s", rule.rule_name, step, exc)
-            except RuleEvaluationConditionMet as exc:
-                met = True
-                _record(rule, result, step, met)
-                logger.info("%s: condition met at step %d%s", rule.rule_name, step,
-                            f": {rule.last_message}" if rule.last_message else "")
-                if raise_eval_cond:
-                    raise
-                if exc.end_of_rule:
-                    break
-            else:
-                if rule.evaluations and rule.evaluations[-1][0] == step:
-                    _record(rule, result, step, met)
-            nxt = _next_step(rule, step)
-            if bar is not None:
-                bar.update(nxt - step)
-            step = nxt
+        _evaluate(rule, result, step, end_step, raise_eval_cond, bar, listeners)
     except NoMoreData as exc:
-        outcome = exc
         exc.rule_result = result  # type: ignore[attr-defined]
         raise
-    except RuleEvaluationConditionMet as exc:
-        outcome = exc
+    except RuleEvaluationConditionMet:
         raise
     except BaseException as exc:
-        outcome = exc
         result.error = f"{type(exc).__name__}: {exc}"
         raise
     finally:
@@ -112,20 +93,45 @@ def invoke_rule(rule: Rule, start_step: int | None = None, end_step: int | None 
         result.status = (results.ERROR if result.error else
                          results.ISSUES_FOUND if result.fired_steps else results.NO_ISSUES_FOUND)
         result.ended = time.time()
-        results.notify("finished", rule, result)
+        results.notify("finished", rule, result, listeners=listeners)
         results.save_result(rule, result)
-        del outcome
     return result
 
 
-def _record(rule: Rule, result: results.RuleResult, step: int, met: bool) -> None:
+def _evaluate(rule: Rule, result: results.RuleResult, step: int, end_step: int | None,
+              raise_eval_cond: bool, bar: Any, listeners: list[results.RuleListener]) -> None:
+    """invoke_rule's loop: evaluate each saved step from ``step`` on, recording into ``result``."""
+    while end_step is None or step < end_step:
+        try:
+            rule.invoke(step)
+        except (TensorUnavailableForStep, StepUnavailable, TensorUnavailable) as exc:
+            logger.debug("%s: step %d skipped: %s", rule.rule_name, step, exc)
+        except RuleEvaluationConditionMet as exc:
+            _record(rule, result, step, True, listeners)
+            logger.info("%s: condition met at step %d%s", rule.rule_name, step,
+                        f": {rule.last_message}" if rule.last_message else "")
+            if raise_eval_cond:
+                raise
+            if exc.end_of_rule:
+                break
+        else:
+            if rule.evaluations and rule.evaluations[-1][0] == step:
+                _record(rule, result, step, False, listeners)
+        nxt = _next_step(rule, step)
+        if bar is not None:
+            bar.update(nxt - step)
+        step = nxt
+
+
+def _record(rule: Rule, result: results.RuleResult, step: int, met: bool,
+            listeners: list[results.RuleListener]) -> None:
     result.evaluated_steps += 1
     if met:
         result.fired_steps.append(step)
         if result.first_step is None:
             result.first_step = step
             result.message = rule.last_message or f"condition met at step {step}"
-    results.notify("step_evaluated", rule, result, step, met)
+    results.notify("step_evaluated", rule, result, step, met, listeners=listeners)
 
 
 def _progress_bar(rule: Rule, start: int, end: int | None) -> Any:
@@ -134,7 +140,7 @@ def _progress_bar(rule: Rule, start: int, end: int | None) -> Any:
     except ImportError:
         return None
     total = end
-    steps = rule.base_trial._index.sorted_steps(ModeKeys.GLOBAL)
+    steps = rule.base_trial.saved_steps()
     if total is None and rule.base_trial.loaded_all_steps and steps:
         total = steps[-1] + 1
     return tqdm(total=None if total is None else max(0, total - start), desc=rule.rule_name,
@@ -168,8 +174,10 @@ def load_rule_class(rule_name: str, rule_file: str | None = None) -> type[Rule]:
     spec.loader.exec_module(module)  # type: ignore[union-attr]
     cls = getattr(module, rule_name, None)
     if not (inspect.isclass(cls) and issubclass(cls, Rule)):
-        found = [n for n, v in vars(module).items() if inspect.isclass(v) and issubclass(v, Rule) and v is not Rule]
-        raise MltraceValueError(f"{rule_file} has no Rule subclass {rule_name!r}; it defines {found}")
+        found = [n for n, v in vars(module).items()
+                 if inspect.isclass(v) and issubclass(v, Rule) and v is not Rule]
+        raise MltraceValueError(
+            f"{rule_file} has no Rule subclass {rule_name!r}; it defines {found}")
     return cls
 
 
@@ -193,8 +201,8 @@ def create_rule(cls: type[Rule], base_trial: Any, other_trials: list[Any], param
     if unknown:
         raise MltraceValueError(
             f"rule {cls.__name__} has no parameter {', '.join(unknown)}; its parameters are: "
-            + (", ".join(f"{n} (default {p.default!r})" if p.default is not p.empty else f"{n} (required)"
-                         for n, p in valid.items()) or "none")
+            + (", ".join(f"{n} (default {p.default!r})" if p.default is not p.empty
+                         else f"{n} (required)" for n, p in valid.items()) or "none")
         )
     missing = [n for n, p in valid.items() if p.default is p.empty and n not in params]
     if missing:
@@ -216,8 +224,8 @@ def create_rule(cls: type[Rule], base_trial: Any, other_trials: list[Any], param
 # CLI
 # ---------------------------------------------------------------------------------------------
 SPEC_KEYS = {"RuleName", "SourceS3Uri", "RuntimeConfigurations", "RuleParameters"}
-SAGEMAKER_ONLY_KEYS = {"InstanceType", "VolumeSizeInGB", "RuleConfigurationName", "RuleEvaluatorImage",
-                       "LocalPath", "S3OutputPath"}
+SAGEMAKER_ONLY_KEYS = {"InstanceType", "VolumeSizeInGB", "RuleConfigurationName",
+                       "RuleEvaluatorImage", "LocalPath", "S3OutputPath"}
 RUNTIME_KEYS = {"start-step", "end-step", "other-trials-paths", "logging-level"}
 
 
@@ -241,8 +249,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--logging-level", default=None)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--mlflow-parent-run-id", default=None,
-                   help="MLflow run whose child the rule run is (default: the trial's run file; "
-                        "same as env MLTRACE_MLFLOW_PARENT_RUN_ID)")
+                   help="MLflow run whose child the rule run is (default: env "
+                        "MLTRACE_MLFLOW_PARENT_RUN_ID, else the trial's run file)")
     return p
 
 
@@ -252,7 +260,8 @@ def _extra_params(extra: list[str]) -> dict[str, str]:
     while i < len(extra):
         token = extra[i]
         if not token.startswith("--"):
-            raise MltraceValueError(f"unexpected argument {token!r}: rule parameters are --name value")
+            raise MltraceValueError(
+                f"unexpected argument {token!r}: rule parameters are --name value")
         name, eq, value = token[2:].partition("=")
         if not eq:
             if i + 1 >= len(extra) or extra[i + 1].startswith("--"):
@@ -264,83 +273,115 @@ def _extra_params(extra: list[str]) -> dict[str, str]:
     return params
 
 
-def _run_one(trial_dir: str, rule_name: str, rule_file: str | None, params: dict[str, str],
-             other: list[str], start: int | None, end: int | None, raise_cond: bool,
-             action_str: str | None, wait: float | None, progress: bool) -> int:
+@dataclass
+class _Run:
+    """What running one rule from the command line needs besides the rule and its parameters."""
+
+    trial_dir: str
+    other: list[str] = field(default_factory=list)
+    start: int | None = None
+    end: int | None = None
+    raise_cond: bool = False
+    action_str: str | None = None
+    wait: float | None = None
+    progress: bool = False
+    listener_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _run_one(run: _Run, rule_name: str, rule_file: str | None, params: dict[str, str]) -> int:
     from mltrace.trials import create_trial
 
     cls = load_rule_class(rule_name, rule_file)
-    kwargs = {} if wait is None else {"timeout": wait}
-    base = create_trial(trial_dir, **kwargs)
-    others = [create_trial(p, **kwargs) for p in other]
-    rule = create_rule(cls, base, others, params, action_str)
+    base = create_trial(run.trial_dir, timeout=run.wait)  # None: the default wait
+    others = [create_trial(p, timeout=run.wait) for p in run.other]
+    rule = create_rule(cls, base, others, params, run.action_str)
     try:
-        result = invoke_rule(rule, start, end, raise_cond, progress=progress)
+        result = invoke_rule(rule, run.start, run.end, run.raise_cond, progress=run.progress,
+                             listener_options=run.listener_options)
     except NoMoreData as exc:
         result = exc.rule_result  # type: ignore[attr-defined]
     found = bool(result.fired_steps)
-    summary = (f"{rule.rule_name}: {result.status}; evaluated {result.evaluated_steps} steps"
-               + (f"; fired at steps {_short(result.fired_steps)}: {result.message}" if found else ""))
+    summary = f"{rule.rule_name}: {result.status}; evaluated {result.evaluated_steps} steps"
+    if found:
+        summary += f"; fired at steps {_short(result.fired_steps)}: {result.message}"
     print(summary)
     return 1 if found else 0
 
 
 def _short(steps: list[int]) -> str:
-    return ", ".join(map(str, steps[:10])) + (f" ... ({len(steps)} in all)" if len(steps) > 10 else "")
+    more = f" ... ({len(steps)} in all)" if len(steps) > 10 else ""
+    return ", ".join(map(str, steps[:10])) + more
 
 
-def _run_spec(args: argparse.Namespace, progress: bool) -> int:
-    with open(args.rules_spec, encoding="utf-8") as f:
+def _run_spec(path: str, run: _Run) -> int:
+    """Run each rule of a SageMaker-shaped rules specification; the worst exit code."""
+    with open(path, encoding="utf-8") as f:
         try:
             specs = json.load(f)
         except ValueError as exc:
-            raise MltraceValueError(f"rules spec {args.rules_spec} is not JSON: {exc}") from None
+            raise MltraceValueError(f"rules spec {path} is not JSON: {exc}") from None
     if isinstance(specs, dict):
         specs = [specs]
     worst = 0
     for i, spec in enumerate(specs):
         if not isinstance(spec, dict) or "RuleName" not in spec:
-            raise MltraceValueError(f"{args.rules_spec}[{i}] needs a RuleName")
+            raise MltraceValueError(f"{path}[{i}] needs a RuleName")
         ignored = sorted(set(spec) & SAGEMAKER_ONLY_KEYS)
         if ignored:
-            logger.warning("%s: %s only mean something on SageMaker; ignored", spec["RuleName"], ", ".join(ignored))
+            logger.warning("%s: %s only mean something on SageMaker; ignored",
+                           spec["RuleName"], ", ".join(ignored))
         unknown = sorted(set(spec) - SPEC_KEYS - SAGEMAKER_ONLY_KEYS)
         if unknown:
-            raise MltraceValueError(f"{args.rules_spec}[{i}]: unknown keys {unknown}; known: {sorted(SPEC_KEYS)}")
-        config = {str(k): str(v) for k, v in (spec.get("RuntimeConfigurations") or spec.get("RuleParameters") or {}).items()}
+            raise MltraceValueError(
+                f"{path}[{i}]: unknown keys {unknown}; known: {sorted(SPEC_KEYS)}")
+        given = spec.get("RuntimeConfigurations") or spec.get("RuleParameters") or {}
+        config = {str(k): str(v) for k, v in given.items()}
         if "logging-level" in config:
             logging.getLogger("mltrace").setLevel(config.pop("logging-level").upper())
-        start = int(config.pop("start-step")) if "start-step" in config else args.start_step
-        end = int(config.pop("end-step")) if "end-step" in config else args.end_step
-        other = [p for p in config.pop("other-trials-paths", "").split(";") if p]
+        this = replace(
+            run, raise_cond=False,
+            start=int(config.pop("start-step")) if "start-step" in config else run.start,
+            end=int(config.pop("end-step")) if "end-step" in config else run.end,
+            other=[p for p in config.pop("other-trials-paths", "").split(";") if p])
         params = {k.replace("-", "_"): v for k, v in config.items()}
-        worst = max(worst, _run_one(args.trial_dir, spec["RuleName"], spec.get("SourceS3Uri") or None, params,
-                                    other, start, end, False, args.action_str, args.wait, progress))
+        worst = max(worst, _run_one(this, spec["RuleName"], spec.get("SourceS3Uri") or None,
+                                    params))
     return worst
+
+
+#: The user-facing alternative to ``--mlflow-parent-run-id``, read by main() only (the run id
+#: then travels to the MLflow rule listener as a listener option, never through the process
+#: environment).
+MLFLOW_PARENT_RUN_ENV = "MLTRACE_MLFLOW_PARENT_RUN_ID"
+
+
+def _listener_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    parent = args.mlflow_parent_run_id or os.environ.get(MLFLOW_PARENT_RUN_ENV)
+    return {"mlflow": {"parent_run_id": parent}} if parent else {}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit code (0 no issue, 1 condition met, 2 error)."""
     args, extra = _parser().parse_known_args(argv)
-    if args.mlflow_parent_run_id:  # read by the MLflow rule listener (mlflow_plugin.rules)
-        os.environ["MLTRACE_MLFLOW_PARENT_RUN_ID"] = args.mlflow_parent_run_id
     if args.logging_level:
         logging.getLogger("mltrace").setLevel(args.logging_level.upper())
     if not logging.getLogger().handlers and not logging.getLogger("mltrace").handlers:
         logging.basicConfig(level=logging.WARNING, format="[%(levelname)s %(name)s] %(message)s")
-    progress = not args.no_progress and sys.stderr.isatty()
     from mltrace.exceptions import MltraceError
 
+    run = _Run(args.trial_dir, start=args.start_step, end=args.end_step,
+               action_str=args.action_str, wait=args.wait,
+               progress=not args.no_progress and sys.stderr.isatty(),
+               listener_options=_listener_options(args))
     try:
         params = _extra_params(extra)
         if args.rules_spec:
-            return _run_spec(args, progress)
+            return _run_spec(args.rules_spec, run)
         if not args.rule_name:
             raise MltraceValueError("pass --rule-name NAME (or --rules-spec FILE)")
-        raise_cond = str(args.raise_rule_eval_cond_exception).lower() in ("true", "1", "yes")
-        other = [p for p in args.other_trials.split(",") if p]
-        return _run_one(args.trial_dir, args.rule_name, args.rule_file, params, other, args.start_step,
-                        args.end_step, raise_cond, args.action_str, args.wait, progress)
+        run.raise_cond = str(args.raise_rule_eval_cond_exception).lower() in ("true", "1", "yes")
+        run.other = [p for p in args.other_trials.split(",") if p]
+        return _run_one(run, args.rule_name, args.rule_file, params)
     except RuleEvaluationConditionMet:
         raise
     except MltraceError as exc:

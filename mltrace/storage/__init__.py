@@ -1,7 +1,9 @@
 """Storage backends behind one interface: ``open_storage(path_or_uri)``.
 
-Schemes are a plain registry; ``file`` paths are built in. Other schemes (``s3://``) register
-here when their backend is installed (mltrace.storage entry points are loaded on first use).
+Local paths (and ``file://``) are LocalStorage. Other URI schemes come from the ``mltrace.storage``
+registry of mltrace.plugins: ``s3`` is registered here (boto3 is imported on first use), other
+packages add schemes through ``mltrace.storage`` entry points (loaded the first time a scheme is
+not registered), and ``register_scheme`` adds one at run time.
 """
 
 from __future__ import annotations
@@ -9,33 +11,31 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from mltrace import plugins
 from mltrace.exceptions import MltraceValueError
 from mltrace.storage.base import Storage
 from mltrace.storage.local import LocalStorage
 
 logger = logging.getLogger(__name__)
 
-_SCHEMES: dict[str, Callable[[str], Storage]] = {}
-_entry_points_loaded = False
-
 
 def register_scheme(scheme: str, factory: Callable[[str], Storage]) -> None:
-    """Make ``open_storage`` hand URIs of ``scheme://`` to ``factory``."""
-    _SCHEMES[scheme] = factory
+    """Make ``open_storage`` hand URIs of ``scheme://`` to ``factory``.
+
+    Args:
+        scheme: the URI scheme, e.g. ``"gs"`` (matched case-insensitively).
+        factory: called with the whole URI; returns a Storage.
+    """
+    plugins.storage.register(scheme.lower(), factory)
 
 
-def _load_entry_points() -> None:
-    global _entry_points_loaded
-    if _entry_points_loaded:
-        return
-    _entry_points_loaded = True
-    from importlib.metadata import entry_points
+def _s3(location: str) -> Storage:
+    from mltrace.storage.s3 import S3Storage  # boto3 is imported on first request
 
-    for ep in entry_points(group="mltrace.storage"):
-        try:
-            register_scheme(ep.name, ep.load())
-        except Exception as exc:  # a broken plugin must not break local use
-            logger.warning("storage plugin %s could not be loaded: %s", ep.name, exc)
+    return S3Storage(location)
+
+
+register_scheme("s3", _s3)
 
 
 def open_storage(location: str) -> Storage:
@@ -45,25 +45,24 @@ def open_storage(location: str) -> Storage:
         MltraceValueError: an empty location or a scheme no installed backend handles.
     """
     if not isinstance(location, str) or not location.strip():
-        raise MltraceValueError(f"out_dir / trial path {location!r} must be a non-empty path or URI")
+        raise MltraceValueError(
+            f"out_dir / trial path {location!r} must be a non-empty path or URI")
     location = location.strip()
     if "://" not in location:
         return LocalStorage(location)
     scheme = location.split("://", 1)[0].lower()
     if scheme == "file":
         return LocalStorage(location[len("file://"):])
-    if scheme == "s3":
-        from mltrace.storage.s3 import S3Storage  # boto3 is imported on first request
-
-        return S3Storage(location)
-    _load_entry_points()
-    if scheme not in _SCHEMES:
+    factory = plugins.storage.get(scheme)
+    if factory is None:
+        schemes = ["file://", *(f"{s}://" for s in plugins.storage.names())]
+        failed = plugins.storage.failures.get(scheme)
         raise MltraceValueError(
-            f"no storage backend for {location!r}: this mltrace handles local paths"
-            + (f" and {', '.join(s + '://' for s in sorted(_SCHEMES))}" if _SCHEMES else "")
-            + "; use a local directory"
+            f"no storage backend for {location!r}"
+            + (f" (its plugin failed to load: {failed})" if failed else "")
+            + f": this mltrace handles local paths and {', '.join(schemes)}; use a local directory"
         )
-    return _SCHEMES[scheme](location)
+    return factory(location)
 
 
 __all__ = ["Storage", "LocalStorage", "open_storage", "register_scheme"]

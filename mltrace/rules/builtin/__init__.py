@@ -1,13 +1,12 @@
 """Built-in rules with smdebug's names, parameters and defaults (reference/smdebug.md §4.7).
 
 ``BUILTIN_RULES`` maps each name to its class; lookups are case-insensitive (``rule_class``).
-Third-party rules register through the ``mltrace.rules`` entry point group.
+Third-party rules register through the ``mltrace.rules`` entry point group (mltrace.plugins).
 """
 
 from __future__ import annotations
 
-import logging
-
+from mltrace import plugins
 from mltrace.exceptions import MltraceValueError
 from mltrace.rules.builtin.activations import DeadRelu, SaturatedActivation
 from mltrace.rules.builtin.classification import ClassImbalance, Confusion
@@ -25,8 +24,6 @@ from mltrace.rules.builtin.vanishing_gradient import VanishingGradient
 from mltrace.rules.builtin.weight_update_ratio import WeightUpdateRatio
 from mltrace.rules.builtin.xgboost_rules import FeatureImportanceOverweight, TreeDepth
 from mltrace.rules.rule import Rule
-
-logger = logging.getLogger(__name__)
 
 BUILTIN_RULES: dict[str, type[Rule]] = {
     cls.__name__: cls
@@ -55,35 +52,27 @@ BUILTIN_RULES: dict[str, type[Rule]] = {
         GradientNormVsBaseline,
     )
 }
-_entry_points_loaded = False
-
-
-def _load_entry_points() -> None:
-    global _entry_points_loaded
-    if _entry_points_loaded:
-        return
-    _entry_points_loaded = True
-    from importlib.metadata import entry_points
-
-    for ep in entry_points(group="mltrace.rules"):
-        try:
-            BUILTIN_RULES.setdefault(ep.name, ep.load())
-        except Exception as exc:
-            logger.warning("rule plugin %s could not be loaded: %s", ep.name, exc)
+for _name, _cls in BUILTIN_RULES.items():
+    plugins.rules.register(_name, _cls)
+del _name, _cls
 
 
 def rule_class(name: str) -> type[Rule]:
-    """The rule class called ``name`` (any case).
+    """The rule class called ``name`` (any case): a built-in rule, or one that another package
+    registers through the ``mltrace.rules`` entry point group (see mltrace.plugins).
 
     Raises:
         MltraceValueError: unknown name, listing the known ones.
     """
-    _load_entry_points()
-    by_lower = {n.lower(): cls for n, cls in BUILTIN_RULES.items()}
+    known = plugins.rules.items()
+    by_lower = {n.lower(): cls for n, cls in known.items()}
     cls = by_lower.get(name.lower())
     if cls is None:
+        failed = plugins.rules.failures.get(name)
         raise MltraceValueError(
-            f"unknown rule {name!r}; built-in rules are: {', '.join(sorted(BUILTIN_RULES))} "
+            f"unknown rule {name!r}"
+            + (f" (its plugin failed to load: {failed})" if failed else "")
+            + f"; known rules are: {', '.join(sorted(known))} "
             "(or pass --rule-file FILE for a rule of your own)"
         )
     return cls

@@ -65,7 +65,7 @@ def reduction_at(tensor: Tensor, step: int, name: str, abs: bool = False,
 def stored_reduction(tensor: Tensor, step: int, name: str, abs: bool = False) -> float | None:
     """A reduction the hook stored at global ``step``, never computed from the raw tensor (so
     no raw value is read); None when it was not stored."""
-    stored = tensor.trial._entries(tensor.name).reductions.get(step)
+    stored = tensor.trial.index_entries(tensor.name).reductions.get(step)
     if not stored or (name, abs) not in stored[min(stored)]:
         return None
     return reduction_at(tensor, step, name, abs)
@@ -73,7 +73,7 @@ def stored_reduction(tensor: Tensor, step: int, name: str, abs: bool = False) ->
 
 def has_value(tensor: Tensor, step: int) -> bool:
     """True if the raw value of ``tensor`` was saved at global ``step`` (no read)."""
-    return step in tensor.trial._entries(tensor.name).values
+    return step in tensor.trial.index_entries(tensor.name).values
 
 
 class TensorSelection:
@@ -113,7 +113,7 @@ class TensorSelection:
 
     def names(self, trial: Trial) -> list[str]:
         """Selected tensor names (sorted)."""
-        version = len(trial._index.tensors)
+        version = trial.tensor_count()
         hit = self._cache.get(id(trial))
         if hit is not None and hit[0] == version:
             return hit[1]
@@ -163,11 +163,11 @@ class SavedSteps:
         """Saved steps of ``tensor`` in ``mode`` (mode steps; global steps for GLOBAL)."""
         trial = tensor.trial
         key = (id(trial), tensor.name, mode)
-        version = len(trial._index.step_workers)
+        version = len(trial.saved_steps())
         hit = self._cache.get(key)
         if hit is None or hit[0] != version:
-            values = trial._entries(tensor.name).values
-            steps = [s for s in tensor.steps(mode) if _global(trial, s, mode) in values]
+            values = trial.index_entries(tensor.name).values
+            steps = [s for s in tensor.steps(mode) if trial.to_global_step(s, mode) in values]
             hit = (version, steps)
             self._cache[key] = hit
         return hit[1]
@@ -183,10 +183,6 @@ class SavedSteps:
         steps = self.steps(tensor, mode)
         i = bisect_right(steps, step)
         return steps[i - 1] if i else None
-
-
-def _global(trial: Trial, step: int, mode: ModeKeys) -> int | None:
-    return trial._index.to_global(step, mode)
 
 
 def mode_of(trial: Trial, step: int) -> tuple[ModeKeys, int]:
@@ -216,13 +212,8 @@ def units_fraction(mask: np.ndarray) -> np.ndarray | None:
 def other_global_step(other: Trial, mode: ModeKeys, mode_step: int) -> int | None:
     """The global step of (mode, mode step) in another trial, refreshing a live one once; None
     when that trial has not saved it (yet)."""
-    def lookup() -> int | None:
-        if mode is ModeKeys.GLOBAL:
-            return mode_step if mode_step in other._index.global_to_mode else None
-        return other._index.to_global(mode_step, mode)
-
-    found = lookup()
+    found = other.to_global_step(mode_step, mode)
     if found is None and not other.loaded_all_steps:
         other.maybe_refresh(force=True)
-        found = lookup()
+        found = other.to_global_step(mode_step, mode)
     return found

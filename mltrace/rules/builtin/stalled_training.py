@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from typing import Any
 
 from mltrace.exceptions import RuleEvaluationConditionMet
-from mltrace.format.events import decode_event
-from mltrace.format.records import unframe_record
 from mltrace.rules.actions import StopTraining
 from mltrace.rules.builtin._params import as_bool, as_float, as_optional_str
 from mltrace.rules.rule import Rule
@@ -16,20 +15,7 @@ from mltrace.trials import StepState, Trial
 
 def step_wall_time(trial: Trial, step: int) -> float | None:
     """When global ``step`` was written: the wall time of one of its records (None if unknown)."""
-    for entries in trial._index.tensors.values():
-        by_worker = entries.values.get(step) or None
-        locations = list(by_worker.values()) if by_worker else []
-        if not locations and step in entries.reductions:
-            locations = [loc for reds in entries.reductions[step].values() for loc in reds.values()]
-        for loc in locations:
-            where = f"{trial.storage.uri}/{loc.key}"
-            try:
-                record = trial.storage.read(loc.key, loc.start, loc.length)
-                wall = decode_event(unframe_record(record, where)).wall_time
-            except (OSError, ValueError):
-                continue
-            return wall or None
-    return None
+    return trial.step_wall_time(step)
 
 
 class StalledTrainingRule(Rule):
@@ -81,8 +67,8 @@ class StalledTrainingRule(Rule):
         """Wait for ``step`` as Rule.invoke does, but fire if the wait shows a stall."""
         trial = self.base_trial
         while trial.has_passed_step(step) is StepState.NOT_YET_AVAILABLE:
-            saved = trial._index.step_workers
-            last = (self._wall(max(saved)) if saved else None) or self._started
+            saved = trial.saved_steps()
+            last = (self._wall(saved[-1]) if saved else None) or self._started
             idle = time.time() - last
             if idle > self.threshold and self._reported_since != last:
                 self._reported_since = last
@@ -107,8 +93,9 @@ class StalledTrainingRule(Rule):
     def invoke_at_step(self, step: int) -> bool:
         previous = self._previous
         if previous is None or previous >= step:
-            earlier = [s for s in self.base_trial._index.step_workers if s < step]
-            previous = max(earlier) if earlier else None
+            saved = self.base_trial.saved_steps()
+            pos = bisect_left(saved, step)
+            previous = saved[pos - 1] if pos else None
         self._previous = step
         wall = self._wall(step)
         before = None if previous is None else self._wall(previous)

@@ -33,7 +33,8 @@ class VanishingGradient(Rule):
                 continue
             if abs_mean < self.threshold:
                 self.last_message = (
-                    f"{tensor.name} has mean |gradient| {abs_mean:.3g} < threshold {self.threshold:g}"
+                    f"{tensor.name} has mean |gradient| {abs_mean:.3g} < threshold "
+                    f"{self.threshold:g}"
                 )
                 self.logger.info("step %d: %s", step, self.last_message)
                 return True

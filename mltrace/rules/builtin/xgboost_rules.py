@@ -72,13 +72,13 @@ class FeatureImportanceOverweight(Rule):
 def exact_depths(ids: np.ndarray, yes: np.ndarray, no: np.ndarray) -> dict[str, int]:
     """Depth of each tree (edges from the root to the deepest leaf) from the hook's
     ``trees/ID``, ``trees/Yes`` and ``trees/No`` strings ("<tree>-<node>"; "nan" for leaves)."""
-    ids = [str(i) for i in np.asarray(ids).reshape(-1)]
-    known = set(ids)
+    names = [str(i) for i in np.asarray(ids).reshape(-1)]
+    known = set(names)
     children = {i: [str(c) for c in (y, n) if str(c) in known]
-                for i, y, n in zip(ids, np.asarray(yes).reshape(-1), np.asarray(no).reshape(-1))}
+                for i, y, n in zip(names, np.asarray(yes).reshape(-1), np.asarray(no).reshape(-1))}
     has_parent = {c for kids in children.values() for c in kids}
     depths = {}
-    for root in (i for i in ids if i not in has_parent):
+    for root in (i for i in names if i not in has_parent):
         deepest, stack = 0, [(root, 0)]
         while stack:
             node, depth = stack.pop()
@@ -132,8 +132,8 @@ class TreeDepth(Rule):
 
     def invoke_at_step(self, step: int) -> bool:
         ids, yes, no = (self._value(f"trees/{c}", step) for c in ("ID", "Yes", "No"))
-        walkable = ids is not None and yes is not None and no is not None
-        if walkable and ids.size == yes.size == no.size:  # type: ignore[union-attr]
+        if ids is not None and yes is not None and no is not None and (
+                ids.size == yes.size == no.size):
             depths = exact_depths(ids, yes, no)
         else:
             nodes = self._value(TREE_NODES, step)
