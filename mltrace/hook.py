@@ -98,9 +98,9 @@ class Hook:
 
             self.outputs.sinks.extend(plugins.create_sink(name, self, sink_options)
                                       for name, sink_options in options.sinks.items())
+        self.adapter.attach(self)
         _current_hook = self
-        ref = weakref.ref(self)
-        atexit.register(lambda: (h := ref()) is not None and h.close())
+        atexit.register(_close_at_exit, weakref.ref(self))
         logger.info("mltrace hook writing to %s, saving collections %s", options.out_dir, self.include_collections)
 
     def _check_out_dir(self) -> None:
@@ -353,6 +353,13 @@ class Hook:
         self.errors.disabled = True
         self._closed = True
         self.step_active = False
+
+
+def _close_at_exit(ref: weakref.ref[Hook]) -> None:
+    """Close a hook still alive at interpreter exit (the end marker makes its trial complete)."""
+    hook = ref()
+    if hook is not None:
+        hook.close()
 
 
 def check_tensor_name(name: Any, what: str = "tensor name") -> str:

@@ -34,7 +34,7 @@ from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
 from mltrace.exceptions import MltraceTypeError, MltraceValueError
 from mltrace.format.tensors import BFloat16Bits
 from mltrace.capture.adapter import Adapter, ReductionItems, as_numpy
-from mltrace.capture.errors import ErrorPolicy, guarded
+from mltrace.capture.errors import guarded
 from mltrace.capture.options import HookOptions
 from mltrace.hook import Hook as CoreHook
 from mltrace.hook import check_tensor_name, get_hook
@@ -95,19 +95,15 @@ class TorchAdapter(Adapter):
     on-device reductions of torch tensors, the worker's rank. Names are kept here, never
     written onto the user's modules."""
 
+    hook: Hook | None
+
     def __init__(self) -> None:
-        self.hook: Hook | None = None  # set by Hook right after it is built
-        self.errors = ErrorPolicy(False, lambda reason: None)  # replaced by the hook's
+        super().__init__()
         self.modules: list[torch.nn.Module] = []
         self.names: dict[int, str] = {}  # id(module) -> its tensor-name prefix
         self._owned: list[torch.nn.Module] = []  # keeps ids in ``names`` from being reused
         self._handles: list[Any] = []
         self._io_index: dict[str, int] = {}
-
-    def attach(self, hook: Hook) -> None:
-        """Bind to ``hook`` (its error policy guards the callbacks below)."""
-        self.hook = hook
-        self.errors = hook.errors
 
     # -- Adapter protocol -------------------------------------------------------------------------
     def worker_identity(self) -> tuple[str, int]:
@@ -305,7 +301,6 @@ class Hook(CoreHook):
         super().__init__(options, self.torch, collection_manager=_pending.take(),
                          default_include_collections=self._default_include,
                          default_saved_collections=DEFAULT_INCLUDE_COLLECTIONS)
-        self.torch.attach(self)
 
     @classmethod
     def create_from_json_file(cls, json_file_path: str | None = None) -> Hook:

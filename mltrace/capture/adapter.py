@@ -17,14 +17,19 @@ nothing of the hook.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mltrace.capture.errors import ErrorPolicy
 from mltrace.collections import Collection, CollectionKeys
 from mltrace.exceptions import MltraceTypeError
 from mltrace.format import paths
+
+if TYPE_CHECKING:
+    from mltrace.hook import Hook
 
 #: (reduction name, of the absolute value) pairs, as ReductionConfig.items() gives them.
 ReductionItems = list[tuple[str, bool]]
@@ -36,6 +41,25 @@ class Adapter:
     #: Collections that may be empty when the first step starts (the adapter fills them);
     #: any other collection without regexes or names is a configuration error.
     builtin_collections: frozenset[str] = frozenset({CollectionKeys.ALL, CollectionKeys.DEFAULT})
+
+    def __init__(self) -> None:
+        #: The hook this adapter serves, set by ``attach`` when the hook is built.
+        self.hook: Hook | None = None
+        #: The hook's error policy (``@guarded`` callbacks of the adapter use it).
+        self.errors = ErrorPolicy(False, lambda reason: None)
+        self._warned: set[str] = set()
+
+    def attach(self, hook: Hook) -> None:
+        """Bind to ``hook``; the hook calls this at the end of its construction."""
+        self.hook = hook
+        self.errors = hook.errors
+
+    def warn_once(self, key: str, message: str, *args: Any) -> None:
+        """Log ``message % args`` as a warning the first time ``key`` is seen (on the logger of
+        the adapter's module, so a framework's warnings can be filtered by its name)."""
+        if key not in self._warned:
+            self._warned.add(key)
+            logging.getLogger(type(self).__module__).warning(message, *args)
 
     # -- identity ---------------------------------------------------------------------------------
     def worker_identity(self) -> tuple[str, int]:

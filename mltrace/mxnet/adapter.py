@@ -19,7 +19,7 @@ from mxnet import autograd, gluon
 from mxnet.ndarray import NDArray
 
 from mltrace.capture.adapter import Adapter, ReductionItems, as_numpy
-from mltrace.capture.errors import ErrorPolicy, guarded
+from mltrace.capture.errors import guarded
 from mltrace.collections import CollectionKeys
 from mltrace.exceptions import MltraceTypeError
 from mltrace.hook import Hook
@@ -37,19 +37,12 @@ class GluonAdapter(Adapter):
     saved when)."""
 
     def __init__(self) -> None:
-        self.hook: Hook | None = None  # set by attach, right after the hook is built
-        self.errors = ErrorPolicy(False, lambda reason: None)  # replaced by the hook's
+        super().__init__()
         #: The registered models (not loss blocks); the first one's forward calls mark steps.
         self.models: list[gluon.Block] = []
         # id(block) -> block, for the blocks that have our forward hook (held, so ids stay unique).
         self._hooked: dict[int, gluon.Block] = {}
         self._io_index: dict[str, int] = {}
-        self._warned: set[str] = set()
-
-    def attach(self, hook: Hook) -> None:
-        """Bind to ``hook`` (its error policy guards the callbacks below)."""
-        self.hook = hook
-        self.errors = hook.errors
 
     # -- Adapter protocol -------------------------------------------------------------------------
     def worker_identity(self) -> tuple[str, int]:
@@ -152,7 +145,7 @@ class GluonAdapter(Adapter):
         if hook.step_active and "hybridized" not in self._warned and self._needs_children():
             hidden = [b.name for m in self.models for b in _hybridized_parents(m)]
             if hidden:
-                self._warn_once(
+                self.warn_once(
                     "hybridized", "hybridized blocks %s: MXNet calls no hook of the blocks inside "
                     "them, so their inputs/outputs are not saved (hybridize after the steps you "
                     "want to inspect)", ", ".join(hidden))
@@ -210,12 +203,8 @@ class GluonAdapter(Adapter):
             if param.grad_req != "null":
                 self.hook.save_for_tensor(GRADIENT_PREFIX + param.name, param.grad(ctx))
         except RuntimeError as exc:  # not initialized yet, or no gradient buffer
-            self._warn_once(param.name, "cannot save parameter %s: %s", param.name, exc)
+            self.warn_once(param.name, "cannot save parameter %s: %s", param.name, exc)
 
-    def _warn_once(self, key: str, message: str, *args: Any) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            logger.warning(message, *args)
 
 
 def _hybridized_parents(block: gluon.Block) -> list[gluon.Block]:

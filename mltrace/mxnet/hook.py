@@ -93,7 +93,6 @@ class Hook(CoreHook):
         super().__init__(options, self.gluon, collection_manager=pending.take(),
                          default_include_collections=self._default_include,
                          default_saved_collections=DEFAULT_INCLUDE_COLLECTIONS)
-        self.gluon.attach(self)
 
     @classmethod
     def create_from_json_file(cls, json_file_path: str | None = None) -> Hook:

@@ -19,7 +19,7 @@ import xgboost as xgb
 from xgboost import collective
 
 from mltrace.capture.adapter import Adapter, ReductionItems, as_numpy
-from mltrace.capture.errors import ErrorPolicy, guarded
+from mltrace.capture.errors import guarded
 from mltrace.collections import Collection, CollectionKeys
 from mltrace.config import ReductionConfig, SaveConfig
 from mltrace.exceptions import MltraceTypeError
@@ -42,8 +42,7 @@ class XGBoostAdapter(Adapter):
 
     def __init__(self, hyperparameters: Mapping[str, Any] | None, train_data: Any,
                  validation_data: Any) -> None:
-        self.hook: Hook | None = None  # set by attach, right after the hook is built
-        self.errors = ErrorPolicy(False, lambda reason: None)  # replaced by the hook's
+        super().__init__()
         self._hyperparameters: dict[str, Any] | None = None
         self._train_data: xgb.DMatrix | None = None
         self._validation_data: xgb.DMatrix | None = None
@@ -55,13 +54,11 @@ class XGBoostAdapter(Adapter):
         self._model_info: tuple[Any, _model.ModelInfo] | None = None  # (model, its facts)
         self._due: list[Collection] = []  # the collections due this round
         self._wanted_cache: dict[tuple[str, frozenset[str]], bool] = {}
-        self._warned: set[str] = set()
 
     def attach(self, hook: Hook) -> None:
         """Bind to ``hook`` (its error policy guards the callbacks) and save hyperparameters once,
         at the first round, unless the collection was given a SaveConfig of its own."""
-        self.hook = hook
-        self.errors = hook.errors
+        super().attach(hook)
         hp = hook.get_collection(K.HYPERPARAMETERS)
         if not hp.has_own_save_config():
             self._hp_config = SaveConfig(save_steps=[0], end_step=0)
@@ -176,7 +173,7 @@ class XGBoostAdapter(Adapter):
         rounds = getattr(model, "num_boosted_rounds", None)
         rnd = rounds() - 1 if callable(rounds) else epoch
         if rnd <= step:
-            self._warn_once("reused", "this hook already saved step %d; a new training run with "
+            self.warn_once("reused", "this hook already saved step %d; a new training run with "
                             "the same hook continues at step %d (use one hook per run to keep "
                             "step = boosting round)", step, step + 1)
             rnd = step + 1
@@ -191,13 +188,13 @@ class XGBoostAdapter(Adapter):
         for name, value in (self._hyperparameters or {}).items():
             self._save(f"hyperparameters/{name}", value)
         if self._hyperparameters is None and self._wanted(K.HYPERPARAMETERS, lambda: ()):
-            self._warn_once(K.HYPERPARAMETERS, "collection hyperparameters is saved but the hook "
+            self.warn_once(K.HYPERPARAMETERS, "collection hyperparameters is saved but the hook "
                             "has none: pass Hook(hyperparameters=params)")
         for name, value in metric_values(evals_log):
             self._save(name, value)
         if not isinstance(model, xgb.Booster):
             if any(self._wanted(c, lambda: ()) for c in NEEDS_BOOSTER):
-                self._warn_once("cv", "the model is a %s, not a Booster (xgb.cv?): only metrics, "
+                self.warn_once("cv", "the model is a %s, not a Booster (xgb.cv?): only metrics, "
                                 "losses and hyperparameters are saved", type(model).__name__)
             return
         self._save_validation(model)
@@ -224,7 +221,7 @@ class XGBoostAdapter(Adapter):
             return
         info = self._info(model)
         if not info.has_trees:
-            self._warn_once("gblinear", "feature importance and trees exist for tree boosters "
+            self.warn_once("gblinear", "feature importance and trees exist for tree boosters "
                             "only, not %s: not saved", info.booster_type)
             return
         if fi:
@@ -247,7 +244,7 @@ class XGBoostAdapter(Adapter):
         values = _model.shap_values(model, self._train_data)  # type: ignore[arg-type]
         columns = shap_columns()
         if values.shape[-1] != len(columns):
-            self._warn_once("shap", "SHAP values have %d columns for %d features: not saved",
+            self.warn_once("shap", "SHAP values have %d columns for %d features: not saved",
                             values.shape[-1], len(columns) - 1)
             return
         if full:
@@ -280,7 +277,7 @@ class XGBoostAdapter(Adapter):
         cannot be saved without it."""
         if data is not None:
             return True
-        self._warn_once(arg, "collection %s is saved but the hook has no %s: pass Hook(%s=...)",
+        self.warn_once(arg, "collection %s is saved but the hook has no %s: pass Hook(%s=...)",
                         collection, arg, arg)
         return False
 
@@ -290,10 +287,6 @@ class XGBoostAdapter(Adapter):
             self._model_info = (model, _model.ModelInfo(model))
         return self._model_info[1]
 
-    def _warn_once(self, key: str, message: str, *args: Any) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            logger.warning(message, *args)
 
 
 def metric_values(evals_log: Mapping[str, Any]) -> list[tuple[str, Any]]:

@@ -131,7 +131,6 @@ class Hook(CoreHook):
                          default_include_collections=DEFAULT_INCLUDE_COLLECTIONS,
                          default_saved_collections=DEFAULT_INCLUDE_COLLECTIONS,
                          default_save_config=SaveConfig(save_interval=DEFAULT_SAVE_INTERVAL))
-        self.xgboost.attach(self)
 
     @classmethod
     def create_from_json_file(cls, json_file_path: str | None = None) -> Hook:
