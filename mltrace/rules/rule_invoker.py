@@ -363,6 +363,9 @@ def _listener_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit code (0 no issue, 1 condition met, 2 error)."""
     args, extra = _parser().parse_known_args(argv)
+    from mltrace._logging import configure_from_env
+
+    configure_from_env()  # MLTRACE_LOG_LEVEL; --logging-level below wins
     if args.logging_level:
         logging.getLogger("mltrace").setLevel(args.logging_level.upper())
     if not logging.getLogger().handlers and not logging.getLogger("mltrace").handlers:
