@@ -108,7 +108,7 @@ def make_hook(interval: int, out_dir: str, watch: _Stopwatch) -> Any:
     for name in CALLBACKS:  # Keras looks callbacks up on the instance
         setattr(hook, name, watch.wrap(getattr(hook, name)))
     # In-step captures call back through this method (bound when the train step is traced).
-    hook._hook._receive = watch.wrap(hook._hook._receive)
+    hook.adapter.receive = watch.wrap(hook.adapter.receive)
     return hook
 
 

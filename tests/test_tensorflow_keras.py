@@ -435,16 +435,16 @@ def test_keras_hook_error_never_stops_training(tmp_path, monkeypatch, caplog):
     def broken(*args, **kwargs):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(hook._hook, "_write_record", broken)
+    monkeypatch.setattr(hook.core.outputs, "write_tensor", broken)
     history = model.fit(x, y, batch_size=4, epochs=2, verbose=0, callbacks=[hook])
     assert len(history.history["loss"]) == 2
-    assert hook._disabled and "disk on fire" in caplog.text
+    assert hook.disabled and "disk on fire" in caplog.text
     hook.close()
 
     strict = smd.KerasHook(
         out_dir=str(tmp_path / "strict"), save_config=smd.SaveConfig(save_interval=1), strict=True
     )
-    monkeypatch.setattr(strict._hook, "_write_record", broken)
+    monkeypatch.setattr(strict.core.outputs, "write_tensor", broken)
     with pytest.raises(RuntimeError, match="disk on fire"):
         _model().fit(x, y, batch_size=4, epochs=1, verbose=0, callbacks=[strict])
 

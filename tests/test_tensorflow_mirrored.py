@@ -24,7 +24,8 @@ def mirrored_run(tmp_path_factory):
     out_dir = str(tmp_path_factory.mktemp("mirrored") / "run")
     proc = subprocess.run(
         [sys.executable, os.path.join(HERE, "tf_mirrored_training.py"), out_dir],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "MLTRACE_LOG_LEVEL": "error"},
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "MLTRACE_LOG_LEVEL": "error"},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return create_trial(out_dir), json.loads(proc.stdout)
@@ -35,8 +36,9 @@ def test_mirrored_fit_writes_every_step_once(mirrored_run):
     assert run["replicas"] == 2
     assert trial.workers() == ["worker_0"]
     assert trial.steps(mode=ModeKeys.TRAIN) == [0, 1, 2]
-    assert {"loss", "d1/inputs", "gradients/net/d1/kernelGrad", "d1/weights/net/d1/kernel:0"} <= set(
-        trial.tensor_names())
+    assert {
+        "loss", "d1/inputs", "gradients/net/d1/kernelGrad", "d1/weights/net/d1/kernel:0"
+    } <= set(trial.tensor_names())
 
 
 def test_mirrored_in_step_values_are_replica_zeros(mirrored_run):
@@ -45,7 +47,8 @@ def test_mirrored_in_step_values_are_replica_zeros(mirrored_run):
     kernels = [np.asarray(k, np.float32) for k in run["d1_kernel"]]
     for step in range(3):
         # Replica 0 gets the first half of each batch of 8.
-        np.testing.assert_array_equal(trial.tensor("d1/inputs").value(step), x[step * 8:step * 8 + 4])
+        np.testing.assert_array_equal(
+            trial.tensor("d1/inputs").value(step), x[step * 8:step * 8 + 4])
         # Weights are read after the step: the synchronised variable every replica holds.
         np.testing.assert_array_equal(
             trial.tensor("d1/weights/net/d1/kernel:0").value(step), kernels[step + 1])

@@ -58,7 +58,7 @@ def test_tape_loop_of_seed_003_round_trip(tmp_path, compiled):
     if compiled:
         train_step = tf.function(train_step)
     expected = []
-    for epoch in range(2):
+    for _epoch in range(2):
         for data, labels in dataset:
             before = {v.path: v.numpy().copy() for v in model.variables}
             logits, loss_value, grads = train_step(data, labels)

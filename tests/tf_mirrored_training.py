@@ -69,7 +69,8 @@ def main(out_dir: str) -> None:
                         callbacks=[hook, Weights()])
     hook.close()
     json.dump({"replicas": strategy.num_replicas_in_sync, "x": x.tolist(), "y": y.tolist(),
-               "d1_kernel": weights, "local_grads": local_grads, "loss": history.history["loss"]}, sys.stdout)
+               "d1_kernel": weights, "local_grads": local_grads, "loss": history.history["loss"]},
+              sys.stdout)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,9 @@
-"""The TensorFlow side of the hook, shared by KerasHook and SessionHook (which hold one).
+"""The TensorFlow side of the capture (:class:`TFAdapter`), shared by KerasHook and SessionHook.
+
+The front doors (mltrace.tensorflow.keras.KerasHook, mltrace.tensorflow.session.SessionHook) each
+hold a framework-neutral :class:`mltrace.hook.Hook` (``hook.core``) built with a subclass of
+:class:`TFAdapter` (``hook.adapter``); the adapter implements the capture core's protocol
+(mltrace.capture.adapter) and installs TensorFlow's callbacks itself.
 
 How values are captured (DESIGN: never silently drop a requested tensor):
 
@@ -22,6 +27,10 @@ How values are captured (DESIGN: never silently drop a requested tensor):
     begins the step returns whether it is due, and captures run under ``tf.cond`` on it.
   - Anything else traced (say a model called in a tf.function inside an eager tape loop):
     ``tf.cond`` on a tf.Variable that the hook sets between steps.
+
+Capture points are methods patched on the user's instances (never on their classes), recorded
+by :meth:`TFAdapter.patch` and restored when the hook closes; names and per-object state are
+kept here, never written onto the user's objects.
 """
 
 from __future__ import annotations
@@ -33,14 +42,17 @@ import os
 import re
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import tensorflow as tf
 
+from mltrace.capture.adapter import Adapter, ReductionItems
+from mltrace.capture.errors import guarded
+from mltrace.collections import Collection as _CoreCollection
 from mltrace.collections import CollectionKeys, CollectionManager, PendingCollections
 from mltrace.exceptions import MltraceTypeError
-from mltrace.hook import BaseHook, guarded
+from mltrace.hook import Hook
 from mltrace.hook import get_hook as _core_get_hook
 from mltrace.modes import ModeKeys
 from mltrace.tensorflow import _tensors
@@ -49,8 +61,12 @@ from mltrace.tensorflow.collection import (
     DEFAULT_COLLECTIONS,
     LAYERS_DEFAULT_REGEX,
     TAPE_REGEXES,
+    Collection,
     collection_manager,
 )
+
+if TYPE_CHECKING:
+    from mltrace.tensorflow._api import TFHookAPI
 
 logger = logging.getLogger(__name__)
 _LAYER_IO = re.compile(r"^(?P<layer>[^/]+)/(inputs|outputs)(_\d+)?$")
@@ -66,6 +82,9 @@ BY_NAME_ONLY = frozenset(
     }
 )
 
+#: A patched attribute: (attribute name, whether the instance had its own, its old value).
+_Patch = tuple[str, bool, Any]
+
 
 def _in_first_replica() -> bool:
     """False while tracing the step of a replica other than the first under a distribution
@@ -78,56 +97,56 @@ def _in_first_replica() -> bool:
     return replica is None or int(replica) == 0
 
 
-class TFHook(BaseHook):
-    """BaseHook with TensorFlow conversions, reductions, in-step capture, optimizer and tape
-    wrapping. ``owner`` is the KerasHook or SessionHook that holds it (``get_hook`` returns it)."""
+class TFAdapter(Adapter):
+    """TensorFlow conversions and reductions, worker identity (Horovod, TF_CONFIG), smdebug's
+    TensorFlow collection membership, in-step capture, optimizer and GradientTape wrapping.
 
-    def __init__(
-        self,
-        owner: Any,
-        manager: CollectionManager,
-        default_include: list[str],
-        default_saved: list[str],
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(
-            collection_manager=manager,
-            default_include_collections=default_include,
-            default_saved_collections=default_saved,
-            **kwargs,
+    Built before its hook, which attaches it (its error policy then guards the callbacks
+    below). Subclasses: KerasAdapter (Keras models), SessionAdapter (tf.compat.v1
+    graphs).
+    """
+
+    #: Filled by the hook as it sees the model, so they may be empty when training starts.
+    builtin_collections = frozenset(DEFAULT_COLLECTIONS)
+    #: Read variables eagerly at the end of each due step (SessionAdapter reads them in the run).
+    eager_reads = True
+    hook: Hook  # set by attach(), which the hook calls as it is built
+
+    def __init__(self, owner: TFHookAPI | None = None) -> None:
+        super().__init__()
+        self._owner: Callable[[], TFHookAPI | None] = (
+            (lambda: None) if owner is None else weakref.ref(owner)
         )
-        self._owner = weakref.ref(owner)
         self._flag: tf.Variable | None = None
         self._flag_value = False
-        # While Keras traces one of its two versions of a step function (see KerasHook): True
+        # While Keras traces one of its two versions of a step function (see KerasAdapter): True
         # for the one that captures, False for the plain one; None outside Keras' loops.
         self.tracing_captures: bool | None = None
+        #: Names of the in-step values that the traced capture points can save.
         self.captured_names: set[str] = set()
         self._trace_preds: weakref.WeakKeyDictionary[Any, tf.Tensor] = weakref.WeakKeyDictionary()
         self._restore: list[tuple[Any, str, bool, Any]] = []
-        self._keras_optimizers: list[Any] = []
-        self._wrapped_optimizers: set[int] = set()
-        self._layer_weights: list[tuple[str, Any]] = []
-        self._eager_reads = True
-        self._step_ended = False
+        # Per-step objects (tapes) are patched weakly: a long loop must not keep every tape alive.
+        self._weak_restore: weakref.WeakKeyDictionary[Any, list[_Patch]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._started_tapes: weakref.WeakSet[tf.GradientTape] = weakref.WeakSet()
+        self.keras_optimizers: list[Any] = []
+        self.wrapped_optimizers: set[int] = set()
+        #: (name, variable) of the layer weights read after each due step (Keras loops).
+        self.layer_weights: list[tuple[str, Any]] = []
         self._tape_mode = False
 
     @property
-    def owner(self) -> Any:
+    def owner(self) -> TFHookAPI | None:
+        """The KerasHook or SessionHook holding this adapter (``get_hook`` returns it), given
+        when the adapter is built; None once it is gone."""
         return self._owner()
 
-    # -- conversions (BaseHook's adapter methods) -----------------------------------------------
-    def _to_numpy(self, value: Any) -> np.ndarray:
-        return _tensors.to_numpy(value)
-
-    def _reduce(self, value: Any, items: list[tuple[str, bool]]) -> list[np.ndarray | None]:
-        if _tensors.is_tf_value(value):
-            result = _tensors.reduce_on_device(value, items)
-            if result is not None:
-                return result
-        return super()._reduce(value, items)
-
-    def _worker_identity(self) -> tuple[str, int]:
+    # -- Adapter protocol: identity and values ----------------------------------------------------
+    def worker_identity(self) -> tuple[str, int]:
+        """``worker_<rank>`` under Horovod (if the job initialized it), else TF_CONFIG's task
+        (``<type>_<index>``, counting workers and the chief), else ``worker_0`` alone."""
         hvd = _horovod()
         if hvd is not None:
             return f"worker_{hvd.rank()}", hvd.size()
@@ -137,134 +156,163 @@ class TFHook(BaseHook):
             return f"{task['type']}_{task['index']}", workers
         return "worker_0", 1
 
-    def _chief_worker(self) -> str:
+    def chief_worker(self) -> str:
+        """TF_CONFIG's chief if the cluster has one, else ``worker_0`` (as smdebug)."""
         return "chief_0" if _has_chief() else "worker_0"
 
-    # -- collections ----------------------------------------------------------------------------
-    def _prepare_collections(self) -> None:
-        layers = self.collection_manager.get(CollectionKeys.LAYERS)
+    def to_numpy(self, value: Any) -> np.ndarray:
+        """A host copy of a tensor or variable (see mltrace.tensorflow._tensors.to_numpy)."""
+        return _tensors.to_numpy(value)
+
+    def reduce(self, value: Any, items: ReductionItems) -> list[np.ndarray | None]:
+        """Reductions with TF ops where the value lives (numpy for complex and string tensors)."""
+        if _tensors.is_tf_value(value):
+            result = _tensors.reduce_on_device(value, items)
+            if result is not None:
+                return result
+        return super().reduce(value, items)
+
+    def is_member(self, collection: _CoreCollection, name: str) -> bool:
+        """smdebug's TensorFlow membership: weights, biases, gradients and optimizer variables by
+        name only (the hook names their members); ``layers`` holds layer inputs/outputs whose
+        tensor or layer name matches; any other collection by its names and regexes."""
+        if collection.name in BY_NAME_ONLY:
+            return collection.has_tensor_name(name)
+        if collection.name == CollectionKeys.LAYERS:
+            # smdebug matched this collection's regexes against the layer's name, mltrace also
+            # against the tensor's.
+            io = _LAYER_IO.match(name)
+            return io is not None and (collection.matches(name) or collection.matches(io["layer"]))
+        return collection.matches(name)
+
+    def defer_symbolic(self, save: Callable[[Any], None], value: Any) -> bool:
+        """A symbolic tensor (the user's save_scalar / save_tensor inside a tf.function) is saved
+        each time the graph runs, by a ``tf.py_function``; at that time a step whose files were
+        written is followed by a new one first (see :meth:`reopen_if_ended`)."""
+        if not is_symbolic(value):
+            return False
+
+        def at_run(array: Any) -> None:
+            self.reopen_if_ended()
+            save(array)
+
+        self.run_in_graph(at_run, [value])
+        return True
+
+    # -- Adapter protocol: events ---------------------------------------------------------------
+    def on_prepare(self) -> None:
+        """``layers`` saves every layer's inputs and outputs unless the user narrowed it."""
+        layers = self.hook.collection_manager.get(CollectionKeys.LAYERS)
         if not layers.include_regex:
             layers.include(LAYERS_DEFAULT_REGEX)
-        super()._prepare_collections()
 
-    def _builtin_collection_names(self) -> set[str]:
-        return set(DEFAULT_COLLECTIONS)  # filled by the hook, so they may be empty at first
+    def on_step_begin(self) -> None:
+        """Tell traced capture points whether this step is due (the flag variable)."""
+        self.sync_flag()
 
-    @staticmethod
-    def _member(coll: Any, name: str) -> bool:
-        if coll.name in BY_NAME_ONLY:
-            return coll.has_tensor_name(name)
-        if coll.name == CollectionKeys.LAYERS:
-            # Layer inputs/outputs only; smdebug matched this collection's regexes against the
-            # layer's name, mltrace also against the tensor's.
-            io = _LAYER_IO.match(name)
-            return io is not None and (coll.matches(name) or coll.matches(io["layer"]))
-        return coll.matches(name)
+    def on_step_end(self) -> None:
+        """Read the due variables now that the step updated them (eager hooks only)."""
+        if self.eager_reads and tf.executing_eagerly():
+            self.read_variables()
 
-    def _collections_of(self, name: str) -> tuple[Any, ...]:
-        found = self._tensor_collections.get(name)
-        if found is None:
-            found = tuple(c for c in self._collections_to_save if self._member(c, name))
-            for c in found:
-                c.add_tensor_name(name)
-            self._tensor_collections[name] = found
-        return found
+    def on_finish(self) -> None:
+        """Closing: the hook writes the last step without ``on_step_end`` (it has already
+        switched ``step_active`` off), so its variables are read here if that step was due."""
+        hook, plan = self.hook, self.hook.plan
+        if hook.disabled or hook.step_written or not hook.clock.started:
+            return
+        if plan.due_for(plan.saved) or plan.nan_watch:
+            self.on_step_end()
 
-    def _register(self, name: str, collection: str) -> None:
+    def on_closed(self) -> None:
+        """Switch traced captures off and restore every patched object (idempotent)."""
+        self.sync_flag()
+        self.unpatch_all()
+
+    # -- collections ----------------------------------------------------------------------------
+    def register(self, name: str, collection: str) -> None:
         """Put ``name`` into a default collection (smdebug's by-object membership)."""
-        coll = self.collection_manager.get(collection)
+        coll = self.hook.collection_manager.get(collection)
         if not coll.has_tensor_name(name):
             coll.add_tensor_name(name)
-            self._tensor_collections.pop(name, None)
+            self.hook.plan.forget(name)
 
-    def _classify_variable(self, var: Any) -> str:
-        biases = self.collection_manager.get(CollectionKeys.BIASES)
+    def classify_variable(self, var: Any) -> str:
+        """``biases`` if the variable's name matches that collection's regex, else ``weights``."""
+        biases = self.hook.collection_manager.get(CollectionKeys.BIASES)
         return (
             CollectionKeys.BIASES if biases.matches(variable_name(var)) else CollectionKeys.WEIGHTS
         )
 
     def wanted(self, name: str) -> bool:
         """True if a saved collection holds (or would hold) the tensor ``name``."""
-        return self._prepared and (
-            name in self._nan_watch or any(self._member(c, name) for c in self._collections_to_save)
-        )
-
-    def prepare(self) -> None:
-        """Fix the saved collections and open the writer now (Keras: before tracing)."""
-        if not self._prepared:
-            self._prepare_collections()
-            self._open_writer()
+        plan = self.hook.plan
+        return plan.prepared and plan.may_save(name)
 
     def add_to_collection(self, collection_name: str, variable: Any) -> None:
         """``get_collection(collection_name).add(variable)`` (smdebug's hook method)."""
-        self.get_collection(collection_name).add(variable)
-        self._tensor_collections.clear()
+        cast(Collection, self.hook.get_collection(collection_name)).add(variable)
+        self.hook.plan.forget()
 
     # -- steps ----------------------------------------------------------------------------------
-    def _begin_step(self) -> None:
-        super()._begin_step()
-        self._step_ended = False
-        self._sync_flag()
+    @guarded()
+    def reopen_if_ended(self) -> None:
+        """Begin a new step if the current one's files are written: they cannot take more records
+        (they would replace its files), so what the user saves after fit()/evaluate() ended goes
+        to a step of its own, begun at once (smdebug's TensorFlow behaviour)."""
+        if self.hook.step_written and self.hook.prepared:
+            self.hook.begin_step()
 
-    def _end_step(self) -> None:
-        if self.step_active and self._eager_reads and tf.executing_eagerly():
-            self._read_variables()
-        super()._end_step()
-        self._step_ended = self.step >= 0
-
-    def _reopen_if_ended(self) -> None:
-        # A step whose files are written cannot take more records (they would replace its files):
-        # what the user saves after fit()/evaluate() ended goes to a step of its own.
-        if self._step_ended and self._prepared:
-            self._begin_step()
-
-    def _read_variables(self) -> None:
+    def read_variables(self) -> None:
         """Save the variables due this step: layer weights, optimizer variables, added ones."""
-        for name, var in self._layer_weights:
-            self._save_for_tensor(name, var)
-        if self.mode is ModeKeys.TRAIN:
-            for opt in self._keras_optimizers:
+        hook = self.hook
+        for name, var in self.layer_weights:
+            hook.save_for_tensor(name, var)
+        if hook.mode is ModeKeys.TRAIN:
+            for opt in self.keras_optimizers:
                 for var in opt.variables:
                     name = variable_name(var)
-                    self._register(name, CollectionKeys.OPTIMIZER_VARIABLES)
-                    self._save_for_tensor(name, var)
-        for coll in list(self.collection_manager.get_collections().values()):
+                    self.register(name, CollectionKeys.OPTIMIZER_VARIABLES)
+                    hook.save_for_tensor(name, var)
+        for coll in list(hook.collection_manager.get_collections().values()):
             for name, obj in getattr(coll, "tf_objects", {}).items():
-                if (
-                    isinstance(obj, tf.Variable) and not getattr(obj, "_in_graph_mode", False)
-                ) or is_keras_variable(obj):
-                    self._save_for_tensor(name, obj)
+                if _readable_now(obj):
+                    hook.save_for_tensor(name, obj)
 
-    def _sync_flag(self) -> None:
-        if (
-            self._flag is not None
-            and self._flag_value != self.step_active
-            and tf.executing_eagerly()
-        ):
-            self._flag.assign(self.step_active)
-            self._flag_value = self.step_active
+    def sync_flag(self) -> None:
+        """Set the flag variable to ``hook.step_active`` (only when it changes, only eagerly)."""
+        active = self.hook.step_active
+        if self._flag is not None and self._flag_value != active and tf.executing_eagerly():
+            self._flag.assign(active)
+            self._flag_value = active
 
-    def _disable(self, reason: str) -> None:
-        super()._disable(reason)
-        self._sync_flag()
+    def flag(self) -> tf.Variable:
+        """The variable that tells traced captures whether the current step is due."""
+        if self._flag is None:
+            with tf.init_scope():
+                active = self.hook.step_active
+                self._flag = tf.Variable(active, trainable=False, name="mltrace_step_due")
+            self._flag_value = active
+        return self._flag
 
     # -- in-step capture ------------------------------------------------------------------------
     @guarded()
     def capture(self, pairs: Iterable[tuple[str, Any]]) -> None:
         """Save (name, value) pairs produced inside a step; a value may be a zero-argument callable
         that computes it (run only when the step is due)."""
-        self.prepare()
+        hook = self.hook
+        hook.prepare()
         pairs = [(n, v) for n, v in pairs if v is not None and self.wanted(n)]
         if not pairs:
             return
         if tf.executing_eagerly():
-            if self.step_active:
+            if hook.step_active:
                 for name, value in pairs:
-                    self._save_for_tensor(name, value() if callable(value) else value)
+                    hook.save_for_tensor(name, value() if callable(value) else value)
             return
         names = [n for n, _ in pairs]
         values = [v for _, v in pairs]
-        receive = functools.partial(self._receive, names)
+        receive = functools.partial(self.receive, names)
         first_replica = _in_first_replica()
 
         def save() -> None:
@@ -280,15 +328,16 @@ class TFHook(BaseHook):
             return
         tf.cond(self.flag() if pred is None else pred, save, lambda: None)
 
-    def _receive(self, names: list[str], *values: tf.Tensor) -> list[Any]:
+    def receive(self, names: list[str], *values: tf.Tensor) -> list[Any]:
+        """The ``tf.py_function`` that traced capture points call: save ``values`` as ``names``."""
         self._save_received(names, values)
         return []
 
     @guarded()
     def _save_received(self, names: list[str], values: tuple[tf.Tensor, ...]) -> None:
-        if self.step_active:
+        if self.hook.step_active:
             for name, value in zip(names, values):
-                self._save_for_tensor(name, value)
+                self.hook.save_for_tensor(name, value)
 
     def _trace_pred(self) -> tf.Tensor | None:
         """The output of the py_function that began the step traced into the current graph."""
@@ -299,31 +348,32 @@ class TFHook(BaseHook):
             graph = getattr(graph, "outer_graph", None)
         return None
 
-    def flag(self) -> tf.Variable:
-        """The variable that tells traced captures whether the current step is due."""
-        if self._flag is None:
-            with tf.init_scope():
-                self._flag = tf.Variable(self.step_active, trainable=False, name="mltrace_step_due")
-            self._flag_value = self.step_active
-        return self._flag
-
     def run_in_graph(self, fn: Callable[..., None], values: list[Any]) -> None:
         """Call ``fn(*eager values)`` each time the traced graph runs (the user's calls of
         save_scalar, save_tensor, record_tensor_value inside a tf.function)."""
-        tf.py_function(lambda *v: fn(*v) or [], [dense(v) for v in values], [])
+        def call(*arrays: Any) -> list[Any]:
+            fn(*arrays)
+            return []
+
+        tf.py_function(call, [dense(v) for v in values], [])
 
     # -- patching helpers -----------------------------------------------------------------------
-    def patch(self, obj: Any, attr: str, replacement: Any) -> None:
-        """Set ``obj.attr`` on the instance (never on its class); ``unpatch_all`` restores it."""
-        had = attr in vars(obj)
-        self._restore.append((obj, attr, had, vars(obj).get(attr)))
+    def patch(self, obj: Any, attr: str, replacement: Any, weak: bool = False) -> None:
+        """Set ``obj.attr`` on the instance (never on its class); ``unpatch_all`` restores it.
+        ``weak``: for per-step objects (tapes), which the record must not keep alive."""
+        entry = (attr, attr in vars(obj), vars(obj).get(attr))
+        if weak:
+            self._weak_restore.setdefault(obj, []).append(entry)
+        else:
+            self._restore.append((obj, *entry))
         setattr(obj, attr, replacement)
 
     def unpatch_all(self) -> None:
         """Undo every ``patch``, newest first."""
-        self._wrapped_optimizers.clear()
-        while self._restore:
-            obj, attr, had, old = self._restore.pop()
+        self.wrapped_optimizers.clear()
+        weak = [(obj, *e) for obj, entries in list(self._weak_restore.items()) for e in entries]
+        self._weak_restore.clear()
+        for obj, attr, had, old in reversed(self._restore + weak):
             try:
                 if had:
                     setattr(obj, attr, old)
@@ -331,13 +381,14 @@ class TFHook(BaseHook):
                     delattr(obj, attr)
             except (AttributeError, TypeError):  # pragma: no cover - object already gone
                 logger.debug("could not restore %s.%s", type(obj).__name__, attr)
+        self._restore.clear()
 
     # -- optimizers -----------------------------------------------------------------------------
     def wrap_keras_optimizer(self, optimizer: Any) -> bool:
         """Capture gradients where Keras 3 applies them (``optimizer.apply``); False if done."""
-        if id(optimizer) in self._wrapped_optimizers:
+        if id(optimizer) in self.wrapped_optimizers:
             return False
-        self._wrapped_optimizers.add(id(optimizer))
+        self.wrapped_optimizers.add(id(optimizer))
         self.read_optimizer_variables(optimizer)
         # LossScaleOptimizer hands its inner optimizer unscaled gradients.
         target = getattr(optimizer, "inner_optimizer", None) or optimizer
@@ -348,11 +399,10 @@ class TFHook(BaseHook):
             grads = list(grads)
             if trainable_variables is not None:
                 trainable_variables = list(trainable_variables)
-            self._capture_gradients(
-                grads,
-                trainable_variables or list(target._trainable_variables),
-                getattr(target, "loss_scale_factor", None),
-            )
+            # Keras 3 keeps the variables it was built with only in a private list, which is
+            # what apply(grads) without variables updates: no public accessor has it.
+            variables = trainable_variables or list(target._trainable_variables)
+            self._capture_gradients(grads, variables, getattr(target, "loss_scale_factor", None))
             pred = None if tf.executing_eagerly() else self._trace_pred()
             if pred is None or not target.built:  # (variables made here must not wait on pred)
                 return original(grads, trainable_variables)
@@ -366,19 +416,19 @@ class TFHook(BaseHook):
 
     def read_optimizer_variables(self, optimizer: Any) -> None:
         """Save ``optimizer.variables`` (collection optimizer_variables) at the end of each step."""
-        if not any(optimizer is o for o in self._keras_optimizers):
-            self._keras_optimizers.append(optimizer)
+        if not any(optimizer is o for o in self.keras_optimizers):
+            self.keras_optimizers.append(optimizer)
 
     @guarded()
     def _capture_gradients(
         self, grads: list[Any], variables: list[Any], scale: float | None
     ) -> None:
-        pairs = []
+        pairs: list[tuple[str, Any]] = []
         for grad, var in zip(grads, variables):
             if grad is None:
                 continue
             name = gradient_name(var)
-            self._register(name, CollectionKeys.GRADIENTS)
+            self.register(name, CollectionKeys.GRADIENTS)
             pairs.append((name, (lambda g=grad: dense(g) / scale) if scale else grad))
         self.capture(pairs)
 
@@ -391,16 +441,19 @@ class TFHook(BaseHook):
             raise MltraceTypeError(f"wrap_tape needs a tf.GradientTape, got {type(tape).__name__}")
         if not self._tape_mode:
             for key, regex in TAPE_REGEXES.items():
-                self.collection_manager.get(key).include(regex)
-            self._tensor_collections.clear()
+                self.hook.collection_manager.get(key).include(regex)
+            self.hook.plan.forget()
             self._tape_mode = True
-        self.prepare()  # a step traced into a tf.function must know now what it saves
+        self.hook.prepare()  # a step traced into a tf.function must know now what it saves
+        # ``with tape:`` looks __enter__ up on the class; the instance method it calls to start
+        # recording (also on stop_recording() and reset()) is private, and the only place where
+        # a step can begin before the tape records anything.
         push, gradient = tape._push_tape, tape.gradient
 
         @functools.wraps(push)
         def _push_tape(*args: Any, **kwargs: Any) -> Any:
-            if not getattr(tape, "_mltrace_started", False):
-                tape._mltrace_started = True
+            if tape not in self._started_tapes:
+                self._started_tapes.add(tape)
                 self._tape_step()  # before recording starts: a stop request leaves no tape behind
             return push(*args, **kwargs)
 
@@ -410,30 +463,30 @@ class TFHook(BaseHook):
             self._after_gradient(target, sources, grads)
             return grads
 
-        tape._push_tape = _push_tape
-        tape.gradient = _gradient
+        self.patch(tape, "_push_tape", _push_tape, weak=True)
+        self.patch(tape, "gradient", _gradient, weak=True)
         return tape
 
     @guarded()
     def _tape_step(self) -> None:
         if tf.executing_eagerly():
             self._tape_step_eager()
-            if self.stop_requested is not None:
-                self.close()  # a rule asked to stop: finish the trial, end the loop here
-                raise self._stop_training_error()
+            if self.hook.stop_requested is not None:
+                # A rule asked to stop: finish the trial, then end the user's loop here.
+                raise self.hook.stop_training_error()
             return
         pred = tf.py_function(self._tape_step_runtime, [], tf.bool)
         pred.set_shape([])
         self._trace_preds[tf.compat.v1.get_default_graph()] = pred
 
     def _tape_step_eager(self) -> None:
-        self._end_step()  # in the previous step's mode
-        self.mode = ModeKeys.TRAIN  # smdebug: a wrapped tape trains
-        self._begin_step()
+        self.hook.end_step()  # in the previous step's mode
+        self.hook.set_mode(ModeKeys.TRAIN)  # smdebug: a wrapped tape trains
+        self.hook.begin_step()
 
     def _tape_step_runtime(self) -> tf.Tensor:
         self._run_guarded_tape_step()
-        return tf.constant(bool(self.step_active and not self._disabled))
+        return tf.constant(bool(self.hook.step_active and not self.hook.disabled))
 
     @guarded()
     def _run_guarded_tape_step(self) -> None:
@@ -447,71 +500,50 @@ class TFHook(BaseHook):
                 continue
             if grad is not None:
                 name = gradient_name(var)
-                self._register(name, CollectionKeys.GRADIENTS)
+                self.register(name, CollectionKeys.GRADIENTS)
                 pairs.append((name, grad))
             wname = "weights/" + variable_name(var)
-            self._register(wname, self._classify_variable(var))
+            self.register(wname, self.classify_variable(var))
             pairs.append((wname, lambda v=var: tf.convert_to_tensor(v)))
         if isinstance(target, tf.Tensor):
-            self._register("loss", CollectionKeys.LOSSES)
+            self.register("loss", CollectionKeys.LOSSES)
             pairs.append(("loss", target))
         self.capture(pairs)
 
     # -- user values ----------------------------------------------------------------------------
-    @guarded()
-    def save_scalar(
-        self, name: str, value: Any, sm_metric: bool = False, timestamp: float | None = None
-    ) -> None:
-        if _symbolic(value):
-            self.run_in_graph(lambda v: self.save_scalar(name, v, sm_metric, timestamp), [value])
-            return
-        self._reopen_if_ended()
-        super().save_scalar(name, value, sm_metric, timestamp)
-
-    @guarded()
-    def save_tensor(
-        self,
-        tensor_name: str,
-        tensor_value: Any,
-        collections_to_write: str | Iterable[str] = "default",
-    ) -> None:
-        if _symbolic(tensor_value):
-            self.run_in_graph(
-                lambda v: self.save_tensor(tensor_name, v, collections_to_write), [tensor_value]
-            )
-            return
-        self._reopen_if_ended()
-        super().save_tensor(tensor_name, tensor_value, collections_to_write)
-
-    @guarded()
+    @guarded(user_facing=True)
     def record_tensor_value(self, tensor_name: str, tensor_value: Any) -> None:
         """Save a metric computed by the user (seed 003) as ``<tensor_name>`` in ``metrics``."""
         if not isinstance(tensor_name, str) or not tensor_name:
             raise MltraceTypeError(
                 f"record_tensor_value: tensor_name must be a non-empty string, got {tensor_name!r}"
             )
-        if _symbolic(tensor_value):
-            self.run_in_graph(lambda v: self.record_tensor_value(tensor_name, v), [tensor_value])
+        if self.defer_symbolic(lambda v: self.record_tensor_value(tensor_name, v), tensor_value):
             return
-        self._reopen_if_ended()
-        self._register(tensor_name, CollectionKeys.METRICS)
-        if self._prepared and self.step >= 0:
-            self._save_for_tensor(tensor_name, tensor_value)
-
-    # -- lifecycle ------------------------------------------------------------------------------
-    def close(self) -> None:
-        """Write the last step, restore every patched object and write the end marker."""
-        try:
-            super().close()
-        finally:
-            self.unpatch_all()
+        self.reopen_if_ended()
+        self.register(tensor_name, CollectionKeys.METRICS)
+        if self.hook.prepared and self.hook.clock.started:
+            self.hook.save_for_tensor(tensor_name, tensor_value)
 
 
-def _symbolic(value: Any) -> bool:
+def is_symbolic(value: Any) -> bool:
+    """True for a graph tensor: it has a value only while its graph runs."""
     return isinstance(value, tf.Tensor) and tf.is_symbolic_tensor(value)
 
 
+def _readable_now(obj: Any) -> bool:
+    """True for a variable whose value can be read eagerly (not one of a tf.compat.v1 graph,
+    which SessionHook reads in the session). ``_in_graph_mode`` is private, but the public test
+    (``tf.is_symbolic_tensor(var.handle)``) raises for a distributed variable outside a replica
+    context, and every variable type answers this one."""
+    if is_keras_variable(obj):
+        return True
+    return isinstance(obj, tf.Variable) and not getattr(obj, "_in_graph_mode", False)
+
+
 def _horovod() -> Any:
+    """``horovod.tensorflow`` if the job imported and initialized it, else None (never imported
+    here: importing it loads MPI)."""
     import sys
 
     module = sys.modules.get("horovod.tensorflow")
@@ -522,6 +554,7 @@ def _horovod() -> Any:
 
 
 def _tf_config() -> tuple[dict[str, Any], int] | None:
+    """(this task, the number of workers and chiefs) from TF_CONFIG, or None without one."""
     try:
         config = json.loads(os.environ.get("TF_CONFIG") or "null")
         task, cluster = config["task"], config["cluster"]
@@ -531,13 +564,14 @@ def _tf_config() -> tuple[dict[str, Any], int] | None:
 
 
 def _has_chief() -> bool:
+    """True if TF_CONFIG's cluster names a chief."""
     try:
         return "chief" in json.loads(os.environ["TF_CONFIG"])["cluster"]
     except (KeyError, ValueError, TypeError):
         return False
 
 
-# -- module-level helpers shared by the facades -----------------------------------------------
+# -- module-level helpers shared by the front doors ---------------------------------------------
 # Collections made with get_collection(...) before a hook exists land here and are handed to the
 # next hook created (seed 000 configures them that way).
 _pending = PendingCollections(collection_manager)
@@ -548,15 +582,21 @@ def take_pending() -> CollectionManager:
     return _pending.take()
 
 
-def get_hook() -> Any:
-    """The TensorFlow hook (KerasHook or SessionHook) created last, or None."""
+def _tf_core_hook() -> Hook | None:
+    """The core hook created last, if a TensorFlow hook holds it."""
     hook = _core_get_hook()
-    return hook.owner if isinstance(hook, TFHook) else None
+    return hook if hook is not None and isinstance(hook.adapter, TFAdapter) else None
 
 
-def get_collection(name: str, create: bool = True) -> Any:
+def get_hook() -> TFHookAPI | None:
+    """The TensorFlow hook (KerasHook or SessionHook) created last, or None."""
+    hook = _tf_core_hook()
+    return cast(TFAdapter, hook.adapter).owner if hook is not None else None
+
+
+def get_collection(name: str, create: bool = True) -> Collection:
     """The collection ``name`` of the current hook, or of the hook about to be created."""
-    return _pending.of(_core_get_hook(), TFHook, name, create)
+    return cast(Collection, _pending.of(_tf_core_hook(), Hook, name, create))
 
 
 def add_to_collection(collection_name: str, args: Any) -> None:

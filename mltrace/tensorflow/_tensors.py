@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from mltrace.capture.adapter import as_numpy
 from mltrace.exceptions import MltraceTypeError, MltraceValueError
-from mltrace.hook import as_numpy
 from mltrace.reductions import canonical_name
 
 _COUNTS = ("nan_count", "inf_count")
@@ -31,7 +31,7 @@ def dense(value: Any) -> tf.Tensor:
 
 def to_numpy(value: Any) -> np.ndarray:
     """A host copy: tensors and variables through ``.numpy()`` (bfloat16 stays bfloat16 via
-    ml_dtypes, strings become bytes arrays), anything else as mltrace.hook.as_numpy."""
+    ml_dtypes, strings become bytes arrays), anything else as mltrace.capture.adapter.as_numpy."""
     if not is_tf_value(value):
         return as_numpy(value)
     tensor = dense(value)
@@ -98,7 +98,7 @@ def _tf_reduction(t: tf.Tensor, name: str, abs_: bool) -> tf.Tensor:
     raise MltraceValueError(f"unknown reduction {name!r}")
 
 
-# -- names (smdebug's TensorFlow hooks; reference/smdebug.md 5.7) -----------------------------
+# -- names (smdebug's TensorFlow hooks) ---------------------------------------------------------
 def variable_name(var: Any) -> str:
     """The TF name of a variable, ``<path>:0`` (Keras 3 creates its tf.Variable under its path)."""
     if is_keras_variable(var):

@@ -1,8 +1,9 @@
 """KerasHook: a Keras 3 callback for ``model.fit`` / ``evaluate`` / ``predict`` (and, with
-``wrap_tape``, GradientTape loops) that holds a TFHook (composition: the callback is a Keras
-class, the saving logic an mltrace one).
+``wrap_tape``, GradientTape loops). The callback is the front door (a Keras class); the saving
+logic is a framework-neutral mltrace.hook.Hook (``hook.core``) with a KerasAdapter
+(``hook.adapter``).
 
-Names (smdebug's TF2 Keras hook; reference/smdebug.md 5.7):
+Names (smdebug's TF2 Keras hook):
   losses  ``loss``, ``val_loss`` (from Keras logs); GradientTape: ``loss``
   metrics every other log key (``mae``, ``val_mae``, ...), ``batch``, and record_tensor_value names
   weights / biases  ``<layer>/weights/<tf variable name>``
@@ -28,21 +29,18 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
+from mltrace.capture.errors import guarded
 from mltrace.collections import CollectionKeys
-from mltrace.config import ReductionConfig
 from mltrace.exceptions import MltraceTypeError
-from mltrace.hook import guarded
-from mltrace.json_config import create_hook_from_config
 from mltrace.modes import ModeKeys
-from mltrace.tensorflow._core import TFHook, take_pending
+from mltrace.tensorflow._api import TFHookAPI
+from mltrace.tensorflow._core import TFAdapter
 from mltrace.tensorflow._tensors import gradient_name, io_names, layer_weight_name
-from mltrace.tensorflow.collection import DEFAULT_SAVED_COLLECTIONS
 
 logger = logging.getLogger(__name__)
 _LOSS_KEYS = ("loss", "val_loss")
@@ -53,15 +51,17 @@ _FUNCTIONS = {
 }
 
 
-class _KerasCore(TFHook):
-    """TFHook plus what a Keras model needs: layer/model/optimizer capture, the callbacks' work."""
+class KerasAdapter(TFAdapter):
+    """TFAdapter plus what a Keras model needs: layer/model/optimizer capture points, the two
+    versions of Keras' step functions, and the callbacks' work."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, owner: TFHookAPI | None = None) -> None:
+        super().__init__(owner)
         self._model: Any = None
         self._weights_model: Any = None
         self._wrapped_ids: set[Any] = set()
         self._fit_depth = 0
+        self._loops = 0  # fit / evaluate / predict loops running (validation nests in fit)
         self._versions: dict[tuple[int, ModeKeys], tuple[Any, Any]] = {}
         self._capture_due: dict[tuple[frozenset[str], int], bool] = {}
 
@@ -70,20 +70,12 @@ class _KerasCore(TFHook):
         """Attach to ``model``: capture what the saved collections need and, for fit/evaluate/
         predict (``keras_loop``), name its layers' weights. Returns True if new captures were
         installed (compiled functions must be traced again)."""
-        self.prepare()
+        self.hook.prepare()
         if keras_loop and model is not self._weights_model:
-            self._weights_model = model
-            self._layer_weights = []
-            seen: set[int] = set()
-            for layer in model.layers:
-                for var in layer.weights:
-                    if id(var) not in seen:
-                        seen.add(id(var))
-                        name = layer_weight_name(layer.name, var)
-                        self._register(name, self._classify_variable(var))
-                        self._layer_weights.append((name, var))
+            self._name_layer_weights(model)
         self._model = model
         installed = False
+        # Keras' recursive walk over nested layers is private; Model.layers lists only the top.
         for layer in model._flatten_layers(include_self=False):
             candidates = [f"{layer.name}/{k}{s}" for k in ("inputs", "outputs") for s in ("", "_0")]
             if id(layer) not in self._wrapped_ids and any(self.wanted(n) for n in candidates):
@@ -100,16 +92,31 @@ class _KerasCore(TFHook):
             self._wrap_compute_metrics(model)
             installed = True
         optimizer = getattr(model, "optimizer", None)
-        wants_grads = CollectionKeys.GRADIENTS in {
-            c.name for c in self._collections_to_save
-        } or any(self.wanted(gradient_name(v)) for v in model.trainable_variables)
+        wants_grads = CollectionKeys.GRADIENTS in {c.name for c in self.hook.plan.saved} or any(
+            self.wanted(gradient_name(v)) for v in model.trainable_variables
+        )
         if optimizer is not None and wants_grads and self.wrap_keras_optimizer(optimizer):
             installed = True
         if optimizer is not None:
             self.read_optimizer_variables(optimizer)
         return installed
 
+    def _name_layer_weights(self, model: Any) -> None:
+        """``<layer>/weights/<variable>`` for each weight of ``model``'s layers (read after each
+        due step; smdebug's Keras names)."""
+        self._weights_model = model
+        self.layer_weights = []
+        seen: set[int] = set()
+        for layer in model.layers:
+            for var in layer.weights:
+                if id(var) not in seen:
+                    seen.add(id(var))
+                    name = layer_weight_name(layer.name, var)
+                    self.register(name, self.classify_variable(var))
+                    self.layer_weights.append((name, var))
+
     def _wrap_call(self, layer: Any, name: str | None) -> None:
+        """Capture ``layer``'s inputs and outputs (the model's: ``inputs``, ``predictions``)."""
         self._wrapped_ids.add(id(layer))
         original = layer.call
 
@@ -128,6 +135,7 @@ class _KerasCore(TFHook):
         self.patch(layer, "call", call)
 
     def _wrap_compute_metrics(self, model: Any) -> None:
+        """Capture the labels, where Keras hands them to the metrics."""
         self._wrapped_ids.add(("compute_metrics", id(model)))
         original = model.compute_metrics
 
@@ -139,19 +147,28 @@ class _KerasCore(TFHook):
         self.patch(model, "compute_metrics", compute_metrics)
 
     def unpatch_all(self) -> None:
+        """Restore every patched object, and the model's step functions: traced with the
+        captures, they are dropped so that Keras traces them again; during a loop (the hook
+        disabled itself) Keras calls them at the next batch, so the plain versions stay."""
         super().unpatch_all()
+        model, self._model = self._model, None
+        if model is not None:
+            for mode, attr in _FUNCTIONS.items():
+                versions = self._versions.get((id(model), mode))
+                if not self._loops:
+                    setattr(model, attr, None)
+                elif versions is not None:
+                    setattr(model, attr, versions[0])
         self._wrapped_ids.clear()
-        self._keras_optimizers.clear()
+        self.keras_optimizers.clear()
         self._versions.clear()
         self.tracing_captures = None
-        model, self._model = self._model, None
-        if model is not None:  # traced functions hold the captures: let Keras trace them again
-            for attr in _FUNCTIONS.values():
-                setattr(model, attr, None)
 
     # -- the callbacks' work ----------------------------------------------------------------
     @guarded()
     def loop_begin(self, mode: ModeKeys, model: Any) -> None:
+        """fit / evaluate / predict begins: attach to the model and prepare its step functions."""
+        self._loops += 1
         if mode is ModeKeys.TRAIN:
             self._fit_depth += 1
         if model is None:
@@ -190,14 +207,16 @@ class _KerasCore(TFHook):
 
     @property
     def _has_captures(self) -> bool:
-        return bool(self._wrapped_ids) or bool(self._wrapped_optimizers)
+        return bool(self._wrapped_ids) or bool(self.wrapped_optimizers)
 
     @guarded()
     def batch_begin(self, mode: ModeKeys) -> None:
-        if mode is not self.mode:
-            self._end_step()  # the previous step ends in its own mode
-            self.mode = mode
-        self._begin_step()
+        """A batch begins a step; hand Keras the step function version this step needs."""
+        hook = self.hook
+        if mode is not hook.mode:
+            hook.end_step()  # the previous step ends in its own mode
+            hook.set_mode(mode)
+        hook.begin_step()
         model = self._model
         if model is None:
             return
@@ -207,43 +226,43 @@ class _KerasCore(TFHook):
             self.tracing_captures = capture  # read by the captures while Keras traces
             if getattr(model, _FUNCTIONS[mode]) is not versions[capture]:
                 setattr(model, _FUNCTIONS[mode], versions[capture])
-        if self.stop_requested is not None:
+        if hook.stop_requested is not None:
             # A rule's StopTraining action: Keras ends fit after this batch.
             model.stop_training = True
 
     def _wants_captures(self) -> bool:
         """True if this step saves something only in-step captures see."""
-        if not self.step_active:
+        plan = self.hook.plan
+        if not self.hook.step_active:
             return False
-        if self._nan_watch or not self.captured_names:  # (known once the version is traced)
+        if plan.nan_watch or not self.captured_names:  # (known once the version is traced)
             return True
-        key = (frozenset(c.name for c in self._due), len(self.captured_names))
+        due = plan.due_for(plan.saved)
+        key = (frozenset(c.name for c in due), len(self.captured_names))
         wanted = self._capture_due.get(key)
         if wanted is None:
-            wanted = any(
-                c in self._due for n in self.captured_names for c in self._collections_of(n)
-            )
+            wanted = any(plan.due_for(plan.collections_of(n)) for n in self.captured_names)
             self._capture_due[key] = wanted
         return wanted
 
     @guarded()
     def batch_end(self, batch: int, logs: dict[str, Any] | None) -> None:
-        if not self.step_active or not logs:
+        """Save the batch's logs (losses, metrics, ``batch``; PREDICT: the predictions)."""
+        hook = self.hook
+        if not hook.step_active or not logs:
             return
-        if self.mode is ModeKeys.PREDICT:
+        if hook.mode is ModeKeys.PREDICT:
             if "outputs" in logs:
                 for name, value in io_names("predictions", logs["outputs"]):
-                    self._save_for_tensor(name, value)
+                    hook.save_for_tensor(name, value)
             return
         for key, value in logs.items():
             if key == "outputs" or "smdebug_" in key:
                 continue
-            self._register(
-                key, CollectionKeys.LOSSES if key in _LOSS_KEYS else CollectionKeys.METRICS
-            )
-            self._save_for_tensor(key, _log_value(value))
-        self._register("batch", CollectionKeys.METRICS)
-        self._save_for_tensor("batch", batch)
+            self.register(key, _log_collection(key))
+            hook.save_for_tensor(key, _log_value(value))
+        self.register("batch", CollectionKeys.METRICS)
+        hook.save_for_tensor("batch", batch)
 
     @guarded()
     def epoch_end(self, logs: dict[str, Any] | None) -> None:
@@ -252,38 +271,44 @@ class _KerasCore(TFHook):
         smdebug did; a collection switched off with end_step=0 stays off. smdebug also wrote the
         epoch's training logs there, so that an EVAL step held the training loss as ``loss``: the
         batches' logs already hold those values, in TRAIN steps."""
-        if self.step < 0 or self.writer is None or self._step_ended or not logs:
+        hook = self.hook
+        if not hook.clock.started or hook.writer is None or hook.step_written or not logs:
             return
         for key, value in logs.items():
             if not key.startswith("val_"):
                 continue
-            self._register(
-                key, CollectionKeys.LOSSES if key in _LOSS_KEYS else CollectionKeys.METRICS
-            )
+            self.register(key, _log_collection(key))
             colls = [
                 c
-                for c in self._collections_of(key)
-                if c.effective_save_config().get_save_config(self.mode).end_step != 0
+                for c in hook.plan.collections_of(key)
+                if c.effective_save_config().get_save_config(hook.mode).end_step != 0
             ]
             if colls:
-                self._write_tensor(key, _log_value(value), None, colls)
+                hook.outputs.write_tensor(key, _log_value(value), None, colls)
 
     @guarded()
     def loop_end(self, mode: ModeKeys) -> None:
+        """fit / evaluate / predict ended: write its last step now (it is readable before close)."""
+        self._loops = max(0, self._loops - 1)
         if mode is ModeKeys.TRAIN:
             self._fit_depth = max(0, self._fit_depth - 1)
         elif mode is ModeKeys.EVAL and self._fit_depth:
             return  # validation inside fit: the epoch's logs still go into this step
         self.tracing_captures = None
-        self._end_step()  # fit/evaluate/predict is over: make its last step readable now
+        self.hook.end_step()
+
+
+def _log_collection(key: str) -> str:
+    """The collection of a Keras log key: ``losses`` for the losses, else ``metrics``."""
+    return CollectionKeys.LOSSES if key in _LOSS_KEYS else CollectionKeys.METRICS
 
 
 def _log_value(value: Any) -> Any:
-    # Keras 3 hands callbacks Python floats; smdebug saved Keras' float32 logs as 0-d float32.
+    """Keras 3 hands callbacks Python floats; smdebug saved Keras' float32 logs as 0-d float32."""
     return np.asarray(value, dtype=np.float32) if isinstance(value, float) else value
 
 
-class KerasHook(tf.keras.callbacks.Callback):
+class KerasHook(TFHookAPI, tf.keras.callbacks.Callback):
     """Saves a Keras model's tensors in smdebug's format; pass it in ``callbacks=[hook]``.
 
     The modes are set by the callbacks (TRAIN in fit, EVAL in evaluate and validation, PREDICT
@@ -291,17 +316,11 @@ class KerasHook(tf.keras.callbacks.Callback):
     more with ``include_collections`` (weights, biases, gradients, optimizer_variables, layers,
     inputs, outputs, or your own).
 
-    Args: as smdebug's (out_dir, export_tensorboard, tensorboard_dir, dry_run, reduction_config,
-    save_config, include_regex, include_collections, save_all, include_workers), plus ``strict``
-    (raise mltrace's internal errors), ``saveall`` (Tornasole's spelling of save_all), ``mlflow``
-    and ``stop_check_interval`` (see mltrace.hook.BaseHook).
+    Args: smdebug's (see TFHookAPI; each is described in mltrace.capture.options.HookOptions).
 
     When a rule's StopTraining action fires, the hook sets ``model.stop_training``: Keras ends
     fit after the current batch. In an eager GradientTape loop, entering the next wrapped tape
     closes the trial and raises mltrace.exceptions.StopTrainingRequested.
-
-    Every method of the hook (``get_collection``, ``save_scalar``, ``save_tensor``, ``set_mode``,
-    ``close``, ...) is available on the callback.
 
     Example:
         >>> hook = KerasHook(out_dir="/tmp/run", include_collections=["weights", "gradients"])
@@ -309,57 +328,8 @@ class KerasHook(tf.keras.callbacks.Callback):
         >>> model.fit(x, y, callbacks=[hook])
     """
 
-    _default_include: tuple[str, ...] = tuple(DEFAULT_SAVED_COLLECTIONS)
-
-    def __init__(
-        self,
-        out_dir: str | None = None,
-        export_tensorboard: bool = False,
-        tensorboard_dir: str | None = None,
-        dry_run: bool = False,
-        reduction_config: ReductionConfig | None = None,
-        save_config: Any = None,
-        include_regex: str | Iterable[str] | None = None,
-        include_collections: Iterable[str] | None = None,
-        save_all: bool = False,
-        include_workers: str = "one",
-        strict: bool = False,
-        saveall: bool | None = None,
-        mlflow: bool | dict[str, Any] | None = None,
-        stop_check_interval: float | None = None,
-    ) -> None:
-        super().__init__()
-        self._hook = _KerasCore(
-            self,
-            take_pending(),
-            list(self._default_include),
-            DEFAULT_SAVED_COLLECTIONS,
-            out_dir=out_dir,
-            export_tensorboard=export_tensorboard,
-            tensorboard_dir=tensorboard_dir,
-            dry_run=dry_run,
-            reduction_config=reduction_config,
-            save_config=save_config,
-            include_regex=include_regex,
-            include_collections=include_collections,
-            save_all=bool(save_all or saveall),
-            include_workers=include_workers,
-            strict=strict,
-            mlflow=mlflow,
-            stop_check_interval=stop_check_interval,
-        )
-
-    @classmethod
-    def create_from_json_file(cls, json_file_path: str | None = None) -> KerasHook:
-        """Build a hook from smdebug's JSON configuration (see mltrace.json_config)."""
-        return _from_json(cls, json_file_path)
-
-    def __getattr__(self, name: str) -> Any:
-        # The hook's API (get_collection, save_scalar, close, step, mode, out_dir, ...).
-        hook = self.__dict__.get("_hook")
-        if hook is None or name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(hook, name)
+    _adapter_class = KerasAdapter
+    adapter: KerasAdapter
 
     # -- mltrace/smdebug API specific to TensorFlow -----------------------------------------
     def wrap_optimizer(self, optimizer: Any) -> Any:
@@ -371,12 +341,14 @@ class KerasHook(tf.keras.callbacks.Callback):
                 f"KerasHook.wrap_optimizer needs a Keras 3 optimizer, got {kind} "
                 "(tf.compat.v1.train optimizers go with SessionHook)"
             )
-        self._hook.wrap_keras_optimizer(optimizer)
+        self.adapter.wrap_keras_optimizer(optimizer)
         return optimizer
 
     def wrap_tape(self, tape: tf.GradientTape) -> tf.GradientTape:
-        """Make a GradientTape loop save like fit does (see TFHook.wrap_tape)."""
-        return self._hook.wrap_tape(tape)
+        """Make a GradientTape loop save like fit does: entering the tape begins a TRAIN step,
+        ``tape.gradient`` saves the gradients, the weights they are taken of (``weights/<var>``)
+        and the loss (``loss``). Returns ``tape`` itself."""
+        return self.adapter.wrap_tape(tape)
 
     def register_model(self, model: Any) -> None:
         """Capture a model's layers, inputs and outputs in a GradientTape loop (fit does this
@@ -385,54 +357,47 @@ class KerasHook(tf.keras.callbacks.Callback):
             raise MltraceTypeError(
                 f"register_model needs a Keras model, got {type(model).__name__}"
             )
-        self._hook.register_model(model)
+        self.adapter.register_model(model)
 
     # -- Keras callbacks --------------------------------------------------------------------
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        self._hook.loop_begin(ModeKeys.TRAIN, self.model)
+        self.adapter.loop_begin(ModeKeys.TRAIN, self.model)
 
     def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:
-        self._hook.loop_begin(ModeKeys.EVAL, self.model)
+        self.adapter.loop_begin(ModeKeys.EVAL, self.model)
 
     def on_predict_begin(self, logs: dict[str, Any] | None = None) -> None:
-        self._hook.loop_begin(ModeKeys.PREDICT, self.model)
+        self.adapter.loop_begin(ModeKeys.PREDICT, self.model)
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self._hook.batch_begin(ModeKeys.TRAIN)
+        self.adapter.batch_begin(ModeKeys.TRAIN)
 
     def on_test_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self._hook.batch_begin(ModeKeys.EVAL)
+        self.adapter.batch_begin(ModeKeys.EVAL)
 
     def on_predict_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self._hook.batch_begin(ModeKeys.PREDICT)
+        self.adapter.batch_begin(ModeKeys.PREDICT)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self._hook.batch_end(batch, logs)
+        self.adapter.batch_end(batch, logs)
 
     def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self._hook.batch_end(batch, logs)
+        self.adapter.batch_end(batch, logs)
 
     def on_predict_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self._hook.batch_end(batch, logs)
+        self.adapter.batch_end(batch, logs)
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        self._hook.epoch_end(logs)
+        self.adapter.epoch_end(logs)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        self._hook.loop_end(ModeKeys.TRAIN)
+        self.adapter.loop_end(ModeKeys.TRAIN)
 
     def on_test_end(self, logs: dict[str, Any] | None = None) -> None:
-        self._hook.loop_end(ModeKeys.EVAL)
+        self.adapter.loop_end(ModeKeys.EVAL)
 
     def on_predict_end(self, logs: dict[str, Any] | None = None) -> None:
-        self._hook.loop_end(ModeKeys.PREDICT)
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {}  # as smdebug: a pickled hook carries nothing
+        self.adapter.loop_end(ModeKeys.PREDICT)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         tf.keras.callbacks.Callback.__init__(self)
-
-
-def _from_json(cls: Any, json_file_path: str | None) -> Any:
-    return create_hook_from_config(cls, json_file_path)

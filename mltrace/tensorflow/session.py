@@ -1,5 +1,6 @@
 """SessionHook: a ``tf.compat.v1.train.SessionRunHook`` for graph-mode training
-(``MonitoredTrainingSession(hooks=[hook])``), holding a TFHook.
+(``MonitoredTrainingSession(hooks=[hook])``). The hook is the front door; the saving logic is a
+framework-neutral mltrace.hook.Hook (``hook.core``) with a SessionAdapter (``hook.adapter``).
 
 TensorFlow 2.21 still ships ``tf.compat.v1.train.SessionRunHook`` and ``MonitoredTrainingSession``;
 ``tf.estimator`` is gone, so ``EstimatorHook`` (smdebug's alias of SessionHook) remains only so
@@ -14,29 +15,28 @@ optimizer, regex matches) are fetched with the run itself, if everything they de
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import tensorflow as tf
 
+from mltrace.capture.errors import guarded
 from mltrace.collections import CollectionKeys
-from mltrace.config import ReductionConfig
 from mltrace.exceptions import MltraceTypeError
-from mltrace.hook import guarded
-from mltrace.tensorflow._core import BY_NAME_ONLY, TFHook, take_pending
-from mltrace.tensorflow.collection import DEFAULT_SAVED_COLLECTIONS, TORNASOLE_INCLUDE_COLLECTIONS
-from mltrace.tensorflow.keras import _from_json
+from mltrace.tensorflow._api import TFHookAPI
+from mltrace.tensorflow._core import BY_NAME_ONLY, TFAdapter
+from mltrace.tensorflow.collection import TORNASOLE_INCLUDE_COLLECTIONS
 
 _SKIP_DTYPES = (tf.resource, tf.variant, tf.string)
 _PLACEHOLDERS = ("Placeholder", "PlaceholderV2")
 
 
-class _SessionCore(TFHook):
-    """TFHook plus the graph: which tensors to fetch at each run."""
+class SessionAdapter(TFAdapter):
+    """TFAdapter plus the graph: which tensors to fetch at each run."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._eager_reads = False
+    eager_reads = False  # variables are read in the session, before each run
+
+    def __init__(self, owner: TFHookAPI | None = None) -> None:
+        super().__init__(owner)
         self._graph: tf.Graph | None = None
         self._variables: dict[str, Any] = {}
         self._tensors: dict[str, tf.Tensor] = {}
@@ -62,11 +62,11 @@ class _SessionCore(TFHook):
     def begin(self) -> None:
         """Find the tensors of the default graph that the saved collections hold."""
         graph = tf.compat.v1.get_default_graph()
-        self.prepare()
+        self.hook.prepare()
         self._graph, self._variables, self._tensors = graph, {}, {}
         self._placeholder_deps.clear()
         for var in tf.compat.v1.trainable_variables():
-            self._add_variable(var.name, var, self._classify_variable(var))
+            self._add_variable(var.name, var, self.classify_variable(var))
         for opt in self._v1_optimizers:
             for var in opt.variables():
                 self._add_variable(var.name, var, CollectionKeys.OPTIMIZER_VARIABLES)
@@ -75,45 +75,54 @@ class _SessionCore(TFHook):
         for grad in self._v1_gradients.values():
             if grad.graph is graph:
                 self._add_tensor(grad, CollectionKeys.GRADIENTS)
-        for coll in self.collection_manager.get_collections().values():
-            for name, obj in coll.tf_objects.items():
+        for coll in self.hook.collection_manager.get_collections().values():
+            for name, obj in getattr(coll, "tf_objects", {}).items():
                 if getattr(obj, "graph", None) is graph:
                     (self._variables if isinstance(obj, tf.Variable) else self._tensors)[name] = obj
-        regex_colls = [c for c in self._collections_to_save if c.name not in BY_NAME_ONLY]
+        self._find_regex_matches(graph)
+        self.hook.plan.forget()
+
+    def _find_regex_matches(self, graph: tf.Graph) -> None:
+        """Fetch the graph's tensors that a saved collection's regexes match."""
+        regex_colls = [c for c in self.hook.plan.saved if c.name not in BY_NAME_ONLY]
         for op in graph.get_operations():
+            # Tensors inside tf.compat.v1 while loops and conds cannot be fetched; only the op's
+            # private control flow context tells (graph.is_fetchable accepts them).
             if not graph.is_fetchable(op) or op._control_flow_context is not None:
-                continue  # tensors inside tf.compat.v1 while loops and conds cannot be fetched
+                continue
             for tensor in op.outputs:
                 if tensor.dtype.base_dtype in _SKIP_DTYPES or tensor.name in self._variables:
                     continue
                 if any(c.matches(tensor.name) for c in regex_colls):
                     self._tensors.setdefault(tensor.name, tensor)
-        self._tensor_collections.clear()
 
     def _add_variable(self, name: str, var: Any, collection: str) -> None:
-        self._register(name, collection)
+        self.register(name, collection)
         self._variables[name] = var
 
     def _add_tensor(self, tensor: tf.Tensor, collection: str) -> None:
-        self._register(tensor.name, collection)
+        self.register(tensor.name, collection)
         self._tensors[tensor.name] = tensor
 
     def _is_due(self, name: str) -> bool:
-        colls = self._collections_of(name)
-        return bool(colls) and (bool(self._nan_watch) or any(c in self._due for c in colls))
+        plan = self.hook.plan
+        colls = plan.collections_of(name)
+        return bool(colls) and (bool(plan.nan_watch) or bool(plan.due_for(colls)))
 
     @guarded()
     def before_run(self, run_context: Any) -> Any:
-        self._begin_step()
-        if self.stop_requested is not None:
+        """Begin a step: read the due variables, and ask the run for the due tensors."""
+        hook = self.hook
+        hook.begin_step()
+        if hook.stop_requested is not None:
             # A rule's StopTraining action: MonitoredSession stops after this run.
             run_context.request_stop()
-        if not self.step_active or self._graph is None:
+        if not hook.step_active or self._graph is None:
             return None
         variables = {n: v for n, v in self._variables.items() if self._is_due(n)}
         if variables:  # read before the step changes them
             for name, value in run_context.session.run(variables).items():
-                self._save_for_tensor(name, value)
+                hook.save_for_tensor(name, value)
         fed = _fed_ops(run_context.original_args.feed_dict)
         fetches = {
             n: t
@@ -124,12 +133,17 @@ class _SessionCore(TFHook):
 
     @guarded()
     def after_run(self, run_values: Any) -> None:
+        """Save what the run fetched. The step's files are written when the next run begins
+        (or at end/close), so that what the user saves between runs still goes into this step."""
         results = run_values.results
         if isinstance(results, dict):
             for name, value in results.items():
-                self._save_for_tensor(name, value)
-        # The step's files are written when the next run begins (or at end/close), so that what
-        # the user saves between runs (save_scalar, ...) still goes into this step.
+                self.hook.save_for_tensor(name, value)
+
+    @guarded()
+    def session_end(self) -> None:
+        """The session ends: write its last step."""
+        self.hook.end_step()
 
     def _placeholders_of(self, tensor: tf.Tensor) -> frozenset[str]:
         """Names of the placeholder ops ``tensor`` depends on (it can be fetched only if fed)."""
@@ -152,6 +166,7 @@ class _SessionCore(TFHook):
 
 
 def _fed_ops(feed_dict: Any) -> frozenset[str]:
+    """Names of the ops whose outputs ``feed_dict`` feeds."""
     names = set()
     for key in feed_dict or {}:
         name = key if isinstance(key, str) else getattr(key, "name", "")
@@ -159,13 +174,12 @@ def _fed_ops(feed_dict: Any) -> frozenset[str]:
     return frozenset(names)
 
 
-class SessionHook(tf.compat.v1.train.SessionRunHook):
+class SessionHook(TFHookAPI, tf.compat.v1.train.SessionRunHook):
     """Saves a graph-mode (tf.compat.v1) training job's tensors; pass it in
     ``MonitoredTrainingSession(hooks=[hook])``. Set modes with ``hook.set_mode``.
 
-    Args: as KerasHook. A rule's StopTraining action makes the hook call
-    ``run_context.request_stop()``. Every method of the hook (``get_collection``, ``save_scalar``,
-    ``set_mode``, ``close``, ...) is available on it.
+    Args: smdebug's (see TFHookAPI; each is described in mltrace.capture.options.HookOptions).
+    A rule's StopTraining action makes the hook call ``run_context.request_stop()``.
 
     Example:
         >>> hook = SessionHook(out_dir="/tmp/run", include_collections=["weights", "gradients"])
@@ -174,55 +188,8 @@ class SessionHook(tf.compat.v1.train.SessionRunHook):
         >>> with tf.compat.v1.train.MonitoredTrainingSession(hooks=[hook]) as sess: ...
     """
 
-    _default_include: tuple[str, ...] = tuple(DEFAULT_SAVED_COLLECTIONS)
-
-    def __init__(
-        self,
-        out_dir: str | None = None,
-        export_tensorboard: bool = False,
-        tensorboard_dir: str | None = None,
-        dry_run: bool = False,
-        reduction_config: ReductionConfig | None = None,
-        save_config: Any = None,
-        include_regex: str | Iterable[str] | None = None,
-        include_collections: Iterable[str] | None = None,
-        save_all: bool = False,
-        include_workers: str = "one",
-        strict: bool = False,
-        saveall: bool | None = None,
-        mlflow: bool | dict[str, Any] | None = None,
-        stop_check_interval: float | None = None,
-    ) -> None:
-        self._hook = _SessionCore(
-            self,
-            take_pending(),
-            list(self._default_include),
-            DEFAULT_SAVED_COLLECTIONS,
-            out_dir=out_dir,
-            export_tensorboard=export_tensorboard,
-            tensorboard_dir=tensorboard_dir,
-            dry_run=dry_run,
-            reduction_config=reduction_config,
-            save_config=save_config,
-            include_regex=include_regex,
-            include_collections=include_collections,
-            save_all=bool(save_all or saveall),
-            include_workers=include_workers,
-            strict=strict,
-            mlflow=mlflow,
-            stop_check_interval=stop_check_interval,
-        )
-
-    @classmethod
-    def create_from_json_file(cls, json_file_path: str | None = None) -> SessionHook:
-        """Build a hook from smdebug's JSON configuration (see mltrace.json_config)."""
-        return _from_json(cls, json_file_path)
-
-    def __getattr__(self, name: str) -> Any:
-        hook = self.__dict__.get("_hook")
-        if hook is None or name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(hook, name)
+    _adapter_class = SessionAdapter
+    adapter: SessionAdapter
 
     def wrap_optimizer(self, optimizer: Any) -> Any:
         """Save the gradients (and optimizer variables) of a ``tf.compat.v1.train.Optimizer``;
@@ -232,21 +199,21 @@ class SessionHook(tf.compat.v1.train.SessionRunHook):
                 f"SessionHook.wrap_optimizer needs a tf.compat.v1.train.Optimizer, got "
                 f"{type(optimizer).__name__} (Keras optimizers go with KerasHook)"
             )
-        self._hook.wrap_v1_optimizer(optimizer)
+        self.adapter.wrap_v1_optimizer(optimizer)
         return optimizer
 
     # -- SessionRunHook ---------------------------------------------------------------------
     def begin(self) -> None:
-        self._hook.begin()
+        self.adapter.begin()
 
     def before_run(self, run_context: Any) -> Any:
-        return self._hook.before_run(run_context)
+        return self.adapter.before_run(run_context)
 
     def after_run(self, run_context: Any, run_values: Any) -> None:
-        self._hook.after_run(run_values)
+        self.adapter.after_run(run_values)
 
     def end(self, session: Any) -> None:
-        self._hook._end_step()
+        self.adapter.session_end()
 
 
 EstimatorHook = SessionHook  # smdebug's name; tf.estimator itself is gone from TensorFlow 2.21

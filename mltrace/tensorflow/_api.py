@@ -1,0 +1,234 @@
+"""smdebug's hook API, shared by KerasHook and SessionHook: one constructor (smdebug's signature)
+and explicit, typed methods and properties that delegate to the framework-neutral hook
+(``hook.core``, a mltrace.hook.Hook) and the TensorFlow adapter (``hook.adapter``).
+
+KerasHook must be a ``tf.keras.callbacks.Callback`` and SessionHook a ``SessionRunHook``, so they
+hold a core Hook instead of being one; this class is their common front.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, ClassVar, Self, cast
+
+from mltrace.capture.options import HookOptions
+from mltrace.collections import Collection as _CoreCollection
+from mltrace.collections import CollectionManager
+from mltrace.config import ReductionConfig, SaveConfig
+from mltrace.hook import Hook
+from mltrace.json_config import create_hook_from_config
+from mltrace.modes import ModeKeys
+from mltrace.tensorboard_export import TensorBoardWriter
+from mltrace.tensorflow._core import TFAdapter, is_symbolic, take_pending
+from mltrace.tensorflow.collection import DEFAULT_SAVED_COLLECTIONS, Collection
+from mltrace.writer import TrialWriter
+
+
+class TFHookAPI:
+    """The API every TensorFlow hook has (smdebug's "common hook API" and TensorFlow's own).
+
+    Args: as smdebug's (out_dir, export_tensorboard, tensorboard_dir, dry_run, reduction_config,
+    save_config, include_regex, include_collections, save_all, include_workers), plus ``strict``
+    (raise mltrace's internal errors), ``saveall`` (Tornasole's spelling of save_all), ``mlflow``
+    and ``stop_check_interval``; each is described in mltrace.capture.options.HookOptions.
+    ``metrics``, ``losses`` and ``sm_metrics`` are always saved (as smdebug).
+    """
+
+    #: Collections saved when ``include_collections`` names none (TornasoleHook: more).
+    _default_include: ClassVar[tuple[str, ...]] = tuple(DEFAULT_SAVED_COLLECTIONS)
+    #: The adapter class of this front door.
+    _adapter_class: ClassVar[type[TFAdapter]] = TFAdapter
+    #: The framework-neutral hook: steps, save plan, outputs, error policy.
+    core: Hook
+    #: The TensorFlow side: conversions, membership, capture points.
+    adapter: TFAdapter
+
+    def __init__(
+        self,
+        out_dir: str | None = None,
+        export_tensorboard: bool = False,
+        tensorboard_dir: str | None = None,
+        dry_run: bool = False,
+        reduction_config: ReductionConfig | None = None,
+        save_config: Any = None,
+        include_regex: str | Iterable[str] | None = None,
+        include_collections: Iterable[str] | None = None,
+        save_all: bool = False,
+        include_workers: str = "one",
+        strict: bool = False,
+        saveall: bool | None = None,
+        mlflow: bool | dict[str, Any] | None = None,
+        stop_check_interval: float | None = None,
+    ) -> None:
+        super().__init__()  # the framework's base class (Keras Callback, SessionRunHook)
+        options = HookOptions(
+            out_dir or "", export_tensorboard, tensorboard_dir, dry_run, reduction_config,
+            save_config, include_regex, include_collections, bool(save_all or saveall),
+            include_workers, strict, mlflow, stop_check_interval)
+        self.adapter = self._adapter_class(self)
+        self.core = Hook(options, self.adapter, collection_manager=take_pending(),
+                         default_include_collections=self._default_include,
+                         default_saved_collections=DEFAULT_SAVED_COLLECTIONS)
+
+    @classmethod
+    def create_from_json_file(cls, json_file_path: str | None = None) -> Self:
+        """Build a hook from smdebug's JSON configuration (see mltrace.json_config)."""
+        return cast(Self, create_hook_from_config(cls, json_file_path))
+
+    # -- collections ----------------------------------------------------------------------------
+    def get_collection(self, name: str, create: bool = True) -> Collection:
+        """The collection ``name`` (created if missing and ``create``)."""
+        return cast(Collection, self.core.get_collection(name, create))
+
+    def get_collections(self) -> dict[str, _CoreCollection]:
+        """Every collection of this hook, by name."""
+        return self.core.get_collections()
+
+    def add_collection(self, collection: _CoreCollection) -> None:
+        """Add a Collection built by the user (replacing one of the same name)."""
+        self.core.add_collection(collection)
+
+    def add_to_collection(self, collection_name: str, variable: Any) -> None:
+        """``get_collection(collection_name).add(variable)``: a tf.Variable / keras.Variable, a
+        graph tf.Tensor or tf.Operation, or a list of them (smdebug's hook method)."""
+        self.adapter.add_to_collection(collection_name, variable)
+
+    # -- modes and values -----------------------------------------------------------------------
+    def set_mode(self, mode: ModeKeys | str) -> None:
+        """Set the mode of the following steps (KerasHook's callbacks set it themselves)."""
+        self.core.set_mode(mode)
+
+    def save_scalar(self, name: str, value: Any, sm_metric: bool = False,
+                    timestamp: float | None = None) -> None:
+        """Save a scalar as ``scalar/<name>`` in the current step (see mltrace.hook.Hook); after
+        fit()/evaluate() ended, in a step of its own. Inside a tf.function, each time it runs."""
+        if not is_symbolic(value):
+            self.adapter.reopen_if_ended()
+        self.core.save_scalar(name, value, sm_metric, timestamp)
+
+    def save_tensor(self, tensor_name: str, tensor_value: Any,
+                    collections_to_write: str | Iterable[str] = "default") -> None:
+        """Save a tensor of your own into the named collections (created if needed), if one of
+        them is due; after fit()/evaluate() ended, in a step of its own. Inside a tf.function,
+        each time it runs."""
+        if not is_symbolic(tensor_value):
+            self.adapter.reopen_if_ended()
+        self.core.save_tensor(tensor_name, tensor_value, collections_to_write)
+
+    def record_tensor_value(self, tensor_name: str, tensor_value: Any) -> None:
+        """Save a metric computed by the user (seed 003) as ``<tensor_name>`` in ``metrics``."""
+        self.adapter.record_tensor_value(tensor_name, tensor_value)
+
+    def close(self) -> None:
+        """Write the last step and the end marker, and restore every patched object (see
+        mltrace.hook.Hook.close for what ``strict`` raises)."""
+        self.core.close()
+
+    # -- settings and state, read-only ----------------------------------------------------------
+    @property
+    def out_dir(self) -> str:
+        """Where the trial is written."""
+        return self.core.out_dir
+
+    @property
+    def dry_run(self) -> bool:
+        """Decide everything, write nothing."""
+        return self.core.dry_run
+
+    @property
+    def strict(self) -> bool:
+        """Raise instead of going on."""
+        return self.core.strict
+
+    @property
+    def save_all(self) -> bool:
+        """Save every tensor the hook sees."""
+        return self.core.save_all
+
+    @property
+    def include_workers(self) -> str:
+        """"one" (only the chief writes) or "all"."""
+        return self.core.include_workers
+
+    @property
+    def include_collections(self) -> list[str]:
+        """Names of the collections saved."""
+        return self.core.include_collections
+
+    @property
+    def collection_manager(self) -> CollectionManager:
+        """This hook's collections."""
+        return self.core.collection_manager
+
+    @property
+    def save_config(self) -> SaveConfig:
+        """The hook's SaveConfig (used by collections that set none)."""
+        return self.core.save_config
+
+    @property
+    def reduction_config(self) -> ReductionConfig:
+        """The hook's ReductionConfig (used by collections that set none)."""
+        return self.core.reduction_config
+
+    @property
+    def tensorboard_dir(self) -> str | None:
+        """Where TensorBoard summaries go, or None."""
+        return self.core.tensorboard_dir
+
+    @property
+    def writer(self) -> TrialWriter | None:
+        """The trial writer (None until the first step, in dry runs and on other workers)."""
+        return self.core.writer
+
+    @property
+    def tensorboard(self) -> TensorBoardWriter | None:
+        """The TensorBoard writer, if exporting."""
+        return self.core.tensorboard
+
+    @property
+    def sinks(self) -> list[Any]:
+        """The tracking sinks (MLflow)."""
+        return self.core.sinks
+
+    @property
+    def disabled(self) -> bool:
+        """True after an internal error (the hook stopped saving; training went on)."""
+        return self.core.disabled
+
+    @property
+    def closed(self) -> bool:
+        """True once close() ran."""
+        return self.core.closed
+
+    @property
+    def step(self) -> int:
+        """The global step (-1 before the first)."""
+        return self.core.step
+
+    @property
+    def mode(self) -> ModeKeys:
+        """The mode of the current step."""
+        return self.core.mode
+
+    @property
+    def mode_steps(self) -> dict[ModeKeys, int]:
+        """Each mode's step."""
+        return self.core.mode_steps
+
+    @property
+    def worker(self) -> str:
+        """This process's worker name (known once the first step began)."""
+        return self.core.worker
+
+    @property
+    def num_workers(self) -> int:
+        """The number of workers of the job (known once the first step began)."""
+        return self.core.num_workers
+
+    @property
+    def stop_requested(self) -> dict[str, Any] | None:
+        """A rule's stop signal (its rule, step and message), or None."""
+        return self.core.stop_requested
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}  # as smdebug: a pickled hook carries nothing
