@@ -68,7 +68,7 @@ class Hook:
         configure_from_env()  # MLTRACE_LOG_LEVEL, as smdebug read SMDEBUG_LOG_LEVEL in its hooks
         self.options = options
         self.adapter = adapter or Adapter()
-        self.errors = ErrorPolicy(options.strict, lambda reason: self._finish(write_end_marker=False))
+        self.errors = ErrorPolicy(options.strict, self._stop_saving)
         self.tensorboard_dir = resolve_tensorboard_dir(
             options.out_dir, options.export_tensorboard, options.tensorboard_dir)
         if self.tensorboard_dir:
@@ -326,8 +326,12 @@ class Hook:
                 if failure is not None:
                     raise failure
 
-    def _finish(self, write_end_marker: bool) -> None:
+    def _stop_saving(self, reason: str) -> None:
+        """The error policy's reaction to an internal error: close what was written, no end marker."""
         self.step_active = False
+        self._finish(write_end_marker=False)
+
+    def _finish(self, write_end_marker: bool) -> None:
         try:
             if self.writer is not None:
                 self.adapter.on_finish()
