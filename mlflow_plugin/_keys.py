@@ -70,7 +70,8 @@ def unique_key(key: str, name: str) -> str:
 
 
 def rule_tag(rule_name: str, field: str) -> str:
-    """Name of the tag a rule leaves on the training run, e.g. ``mltrace.rule.VanishingGradient.status``."""
+    """Name of the tag a rule leaves on the training run, e.g.
+    ``mltrace.rule.VanishingGradient.status``."""
     return clean_key(f"{RULE_TAG_PREFIX}{rule_name}.{field}")
 
 
@@ -95,4 +96,4 @@ def tag_value(value: Any) -> str:
 
 def chunks(items: list, size: int) -> list[list]:
     """``items`` in lists of at most ``size`` (MLflow's batch limits)."""
-    return [items[i:i + size] for i in range(0, len(items), size)]
+    return [items[i : i + size] for i in range(0, len(items), size)]

@@ -4,7 +4,7 @@ Why a process: MLflow's client (the SQLAlchemy store above all) spends about 0.1
 Python per metric, and a background thread doing that holds the GIL the training thread needs.
 In a process of its own that work costs the training process nothing but a pipe write.
 
-Protocol: ``python -m mlflow_plugin._metrics_process RUN_ID TRACKING_URI``; stdin carries one JSON
+Protocol: ``python -m`` this module ``RUN_ID TRACKING_URI``; stdin carries one JSON
 line per batch, ``[[key, value, timestamp_ms, step], ...]``; at end of input the process prints
 one JSON line on stdout, ``{"logged": n, "failed": n, "error": first error or null}``, and exits.
 It never raises: a batch MLflow refuses is counted and reported in that line. It runs at a lower
@@ -64,5 +64,6 @@ if __name__ == "__main__":
     main(sys.argv[1:])
     # Every batch was logged synchronously and the summary is out: skip interpreter teardown
     # (MLflow's and SQLAlchemy's exit handlers take seconds), the hook's close waits for this exit.
+    # os._exit is the standard library's documented exit without clean-up; nothing else skips it.
     sys.stdout.flush()
     os._exit(0)

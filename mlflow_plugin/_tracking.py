@@ -60,7 +60,6 @@ def resolve_tracking_uri(explicit: str | None = None) -> str:
         MltraceValueError: ``explicit`` names a file store.
     """
     import mlflow
-    from mlflow.tracking._tracking_service.utils import is_tracking_uri_set
 
     if explicit:
         if _is_file_store(explicit):
@@ -70,10 +69,14 @@ def resolve_tracking_uri(explicit: str | None = None) -> str:
             )
         return absolute_uri(explicit)
     uri = mlflow.get_tracking_uri()
-    if _is_file_store(uri) and not is_tracking_uri_set():
+    if _is_file_store(uri) and not mlflow.is_tracking_uri_set():
         sqlite = "sqlite:///" + os.path.abspath("mlflow.db")
-        logger.warning("MLflow's default here would be the deprecated file store %s; mltrace logs to "
-                       "%s instead (set MLFLOW_TRACKING_URI to choose)", uri, sqlite)
+        logger.warning(
+            "MLflow's default here would be the deprecated file store %s; mltrace logs to "
+            "%s instead (set MLFLOW_TRACKING_URI to choose)",
+            uri,
+            sqlite,
+        )
         return sqlite
     return absolute_uri(uri)
 
@@ -86,13 +89,17 @@ def tracking_configured() -> bool:
 
     if "mlflow" not in sys.modules:  # set_tracking_uri needs mlflow imported: not called then
         return False
-    from mlflow.tracking._tracking_service.utils import is_tracking_uri_set
+    import mlflow
 
-    return bool(is_tracking_uri_set())
+    return bool(mlflow.is_tracking_uri_set())
 
 
-def experiment_id_for(client: Any, name: str | None = None, experiment_id: str | None = None,
-                      fluent_store: bool = True) -> str:
+def experiment_id_for(
+    client: Any,
+    name: str | None = None,
+    experiment_id: str | None = None,
+    fluent_store: bool = True,
+) -> str:
     """The id of experiment ``name`` (created if missing), or ``experiment_id``, or the active
     experiment (MLFLOW_EXPERIMENT_NAME, and where ``client`` talks to MLflow's current store also
     mlflow.set_experiment and MLFLOW_EXPERIMENT_ID), else the default one ("0")."""
@@ -103,7 +110,9 @@ def experiment_id_for(client: Any, name: str | None = None, experiment_id: str |
         if found is not None:
             return found.experiment_id
         try:
-            return client.create_experiment(name, artifact_location=_artifact_location(client, name))
+            return client.create_experiment(
+                name, artifact_location=_artifact_location(client, name)
+            )
         except Exception:  # created meanwhile by another process
             found = client.get_experiment_by_name(name)
             if found is None:
@@ -128,7 +137,7 @@ def _artifact_location(client: Any, name: str) -> str | None:
     if not uri.startswith(prefix + "/") or ":memory:" in uri:
         return None
     folder = re.sub(r"[^\w.\- ]", "_", name).strip(". ") or "experiment"
-    return os.path.join(os.path.dirname(uri[len(prefix):]), "mlruns", folder)
+    return os.path.join(os.path.dirname(uri[len(prefix) :]), "mlruns", folder)
 
 
 def trial_location(out_dir: str) -> str:
@@ -151,5 +160,7 @@ def read_run_file(storage: Any) -> RunFile | None:
         known = {k: v for k, v in data.items() if k in RunFile.__dataclass_fields__}
         return RunFile(**known)
     except (OSError, ValueError, TypeError) as exc:
-        logger.warning("ignoring the MLflow run file of %s: %s", getattr(storage, "uri", storage), exc)
+        logger.warning(
+            "ignoring the MLflow run file of %s: %s", getattr(storage, "uri", storage), exc
+        )
         return None

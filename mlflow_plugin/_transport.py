@@ -16,7 +16,7 @@ import sys
 import threading
 from typing import Any
 
-from mlflow_plugin import _keys
+from mlflow_plugin import _keys, _metrics_process
 
 logger = logging.getLogger(__name__)
 
@@ -44,14 +44,14 @@ class ThreadTransport:
 
 
 class ProcessTransport:
-    """Batches go as JSON lines to ``python -m mlflow_plugin._metrics_process`` (see there why)."""
+    """Batches go as JSON lines to the helper process of ``_metrics_process`` (see there why)."""
 
     def __init__(self, run_id: str, tracking_uri: str) -> None:
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ)
         env["PYTHONPATH"] = here + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mlflow_plugin._metrics_process", run_id, tracking_uri],
+            [sys.executable, "-m", _metrics_process.__name__, run_id, tracking_uri],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
             text=True, encoding="utf-8", bufsize=1 << 16,
         )

@@ -27,15 +27,17 @@ import csv
 import json
 import logging
 import os
-import re
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from mltrace.exceptions import MltraceError, MltraceValueError
 from mlflow_plugin import _keys, _tracking
+from mltrace import analysis
+from mltrace.exceptions import MltraceError, MltraceValueError
+from mltrace.reductions import parse_statistic
+
+if TYPE_CHECKING:
+    from mltrace.trials import Trial
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +67,7 @@ class Comparison:
     def to_text(self) -> str:
         """The table as aligned text."""
         cols = self.columns or sorted({k for r in self.rows for k in r})
-        cells = [[_cell(r.get(c)) for c in cols] for r in self.rows]
+        cells = [[analysis.format_statistic(r.get(c)) for c in cols] for r in self.rows]
         widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
         lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
         lines.append("  ".join("-" * w for w in widths))
@@ -73,16 +75,10 @@ class Comparison:
         return "\n".join(lines)
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.5g}"
-    return str(value)
 
 
-def _find_runs(client: Any, experiments: list[str] | None, filter_string: str, run_ids: list[str] | None,
-               max_runs: int) -> tuple[list[Any], dict[str, str]]:
+def _find_runs(client: Any, experiments: list[str] | None, filter_string: str,
+               run_ids: list[str] | None, max_runs: int) -> tuple[list[Any], dict[str, str]]:
     names: dict[str, str] = {}
     if run_ids:
         runs = [client.get_run(r) for r in run_ids]
@@ -93,8 +89,9 @@ def _find_runs(client: Any, experiments: list[str] | None, filter_string: str, r
                 exp = client.get_experiment_by_name(name)
                 if exp is None:
                     known = sorted(e.name for e in client.search_experiments())
-                    raise MltraceValueError(f"no MLflow experiment named {name!r} at {client.tracking_uri}; "
-                                            f"experiments there: {known}")
+                    raise MltraceValueError(
+                        f"no MLflow experiment named {name!r} at {client.tracking_uri}; "
+                        f"experiments there: {known}")
                 ids.append(exp.experiment_id)
         else:
             ids = [e.experiment_id for e in client.search_experiments()]
@@ -106,35 +103,12 @@ def _find_runs(client: Any, experiments: list[str] | None, filter_string: str, r
         except Exception as exc:
             raise MltraceValueError(
                 f"MLflow could not search runs with filter {filter_string!r}: {exc}") from None
-    runs = [r for r in runs if r.data.tags.get(_keys.TAG_RUN_TYPE, "training") == "training"][:max_runs]
+    training = [r for r in runs if r.data.tags.get(_keys.TAG_RUN_TYPE, "training") == "training"]
+    runs = training[:max_runs]
     for r in runs:
         if r.info.experiment_id not in names:
             names[r.info.experiment_id] = client.get_experiment(r.info.experiment_id).name
     return runs, names
-
-
-def _match(names: list[str], patterns: list[str]) -> list[str]:
-    out: list[str] = []
-    for pattern in patterns:
-        found = [pattern] if pattern in names else [n for n in names if re.search(pattern, n)]
-        out += [n for n in found if n not in out]
-    return out
-
-
-def _stat(tensor: Any, step: int, stat: str) -> float | None:
-    name, abs_ = (stat[4:], True) if stat.startswith("abs_") else (stat, False)
-    try:
-        value = float(np.asarray(tensor.reduction_value(step, name, abs=abs_)).reshape(-1)[0])
-    except (MltraceError, ValueError):
-        return None
-    return value
-
-
-def _sample(steps: list[int], limit: int) -> list[int]:
-    if len(steps) <= limit:
-        return steps
-    idx = np.unique(np.linspace(0, len(steps) - 1, limit).round().astype(int))
-    return [steps[i] for i in idx]
 
 
 def _findings(run: Any, trial: Any) -> dict[str, dict[str, Any]]:
@@ -183,13 +157,13 @@ def compare_runs(experiments: list[str] | None = None, filter_string: str = "",
         a Comparison (rows, series, findings, file paths, the comparison run id).
 
     Raises:
-        MltraceValueError: unknown experiment, bad filter, or no run found.
+        MltraceValueError: unknown experiment or statistic, bad filter, or no run found.
     """
     from mlflow import MlflowClient
 
-    from mltrace.trials import create_trial
-
     stats = list(stats or ["mean"])
+    for stat in stats:  # an unknown name fails now, with the valid ones listed
+        parse_statistic(stat)
     client = MlflowClient(tracking_uri=_tracking.resolve_tracking_uri(tracking_uri))
     runs, exp_names = _find_runs(client, experiments, filter_string, run_ids, max_runs)
     if not runs:
@@ -198,36 +172,22 @@ def compare_runs(experiments: list[str] | None = None, filter_string: str = "",
             + (f" matching {filter_string!r}" if filter_string else ""))
     out_dir = out_dir or tempfile.mkdtemp(prefix="mltrace-compare-")
     os.makedirs(out_dir, exist_ok=True)
+    trials, errors = _open_trials(runs)
+    patterns = list(tensors or []) or _default_tensors(next(iter(trials.values()), None))
+    result = _tabulate(runs, exp_names, trials, errors, patterns, stats, max_steps, out_dir)
+    _write(result, runs, experiments, filter_string, patterns, stats)
+    if log_to_mlflow:
+        result.mlflow_run_id = _log(client, result, runs, experiments, filter_string, patterns,
+                                    stats, log_experiment)
+    return result
 
-    trials: dict[str, Any] = {}
-    errors: dict[str, str] = {}
-    for run in runs:
-        try:
-            trials[run.info.run_id] = create_trial(run.data.tags[_keys.TAG_TRIAL], timeout=2)
-        except Exception as exc:
-            errors[run.info.run_id] = f"{type(exc).__name__}: {exc}"
-            logger.warning("run %s: trial %s unreadable: %s", run.info.run_id,
-                           run.data.tags[_keys.TAG_TRIAL], exc)
-    patterns = list(tensors or [])
-    if not patterns:
-        first = next(iter(trials.values()), None)
-        if first is not None:
-            try:
-                patterns = first.tensor_names(collection="losses")[:4]
-            except MltraceError:
-                patterns = []
-            patterns = patterns or first.tensor_names()[:4]
 
-    labels: dict[str, str] = {}
-    for run in runs:
-        label = f"{exp_names.get(run.info.experiment_id, run.info.experiment_id)}/{run.info.run_name}"
-        if label in labels.values():
-            label = f"{label} ({run.info.run_id[:8]})"
-        labels[run.info.run_id] = label
-
-    series: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
-    findings: dict[str, dict[str, dict[str, Any]]] = {}
-    rows = []
+def _tabulate(runs: list[Any], exp_names: dict[str, str], trials: dict[str, Trial],
+              errors: dict[str, str], patterns: list[str], stats: list[str], max_steps: int,
+              out_dir: str) -> Comparison:
+    """One row per run (its last value of each statistic, its rule findings), and the series."""
+    labels = _labels(runs, exp_names)
+    result = Comparison(rows=[], series={}, findings={}, out_dir=out_dir)
     value_columns: list[str] = []
     for run in runs:
         rid, label = run.info.run_id, labels[run.info.run_id]
@@ -236,42 +196,88 @@ def compare_runs(experiments: list[str] | None = None, filter_string: str = "",
             "run": label, "run_id": rid, "experiment": exp_names.get(run.info.experiment_id),
             "status": run.info.status, "trial": run.data.tags.get(_keys.TAG_TRIAL),
             "steps": len(trial.steps()) if trial is not None else None}
-        if trial is not None:
-            for name in _match(trial.tensor_names(), patterns):
-                tensor = trial.tensor(name)
-                steps = _sample(tensor.steps(), max_steps)
-                for stat in stats:
-                    points = [(s, v) for s in steps if (v := _stat(tensor, s, stat)) is not None]
-                    if not points:
-                        continue
-                    panel = f"{name} · {stat}"
-                    series.setdefault(panel, {})[label] = ([s for s, _ in points], [v for _, v in points])
-                    column = f"{name} {stat} (last)"
-                    row[column] = points[-1][1]
-                    if column not in value_columns:
-                        value_columns.append(column)
-        found = _findings(run, trial)
-        findings[label] = found
-        row["rules"] = "; ".join(
-            f"{rule}: {f.get('status', '?')}" + (f" @{f['first_step']}" if f.get("first_step") else "")
-            for rule, f in sorted(found.items())) or None
+        for (name, stat), (steps, values) in _statistics(trial, patterns, stats, max_steps).items():
+            result.series.setdefault(f"{name} · {stat}", {})[label] = (steps, values)
+            column = f"{name} {stat} (last)"
+            row[column] = values[-1]
+            if column not in value_columns:
+                value_columns.append(column)
+        found = result.findings[label] = _findings(run, trial)
+        row["rules"] = _rules_cell(found)
         if rid in errors:
             row["error"] = errors[rid]
-        rows.append(row)
-
-    columns = ["run", "experiment", "run_id", "status", "steps", *value_columns, "rules", "trial"]
-    if errors:
-        columns.append("error")
-    result = Comparison(rows=rows, series=series, findings=findings, out_dir=out_dir, columns=columns)
-    _write(result, runs, experiments, filter_string, patterns, stats)
-    if log_to_mlflow:
-        result.mlflow_run_id = _log(client, result, runs, experiments, filter_string, patterns, stats,
-                                    log_experiment)
+        result.rows.append(row)
+    result.columns = ["run", "experiment", "run_id", "status", "steps", *value_columns, "rules",
+                      "trial", *(["error"] if errors else [])]
     return result
 
 
-def _write(result: Comparison, runs: list[Any], experiments: Any, filter_string: str, patterns: list[str],
-           stats: list[str]) -> None:
+def _open_trials(runs: list[Any]) -> tuple[dict[str, Trial], dict[str, str]]:
+    """The trial of each run (its ``mltrace.trial`` tag), and why the others cannot be read."""
+    from mltrace.trials import create_trial
+
+    trials: dict[str, Trial] = {}
+    errors: dict[str, str] = {}
+    for run in runs:
+        try:
+            trials[run.info.run_id] = create_trial(run.data.tags[_keys.TAG_TRIAL], timeout=2)
+        except Exception as exc:
+            errors[run.info.run_id] = f"{type(exc).__name__}: {exc}"
+            logger.warning("run %s: trial %s unreadable: %s", run.info.run_id,
+                           run.data.tags[_keys.TAG_TRIAL], exc)
+    return trials, errors
+
+
+def _default_tensors(trial: Trial | None) -> list[str]:
+    """The tensors compared when none are named: the first trial's losses, else its first four."""
+    if trial is None:
+        return []
+    try:
+        losses = trial.tensor_names(collection="losses")[:4]
+    except MltraceError:
+        losses = []
+    return losses or trial.tensor_names()[:4]
+
+
+def _labels(runs: list[Any], exp_names: dict[str, str]) -> dict[str, str]:
+    """``experiment/run name`` per run id, made unique with the run id where names repeat."""
+    labels: dict[str, str] = {}
+    for run in runs:
+        experiment = exp_names.get(run.info.experiment_id, run.info.experiment_id)
+        label = f"{experiment}/{run.info.run_name}"
+        if label in labels.values():
+            label = f"{label} ({run.info.run_id[:8]})"
+        labels[run.info.run_id] = label
+    return labels
+
+
+def _statistics(trial: Trial | None, patterns: list[str], stats: list[str],
+                max_steps: int) -> dict[tuple[str, str], tuple[list[int], list[float]]]:
+    """``{(tensor, statistic): (steps, values)}`` of the tensors matching ``patterns`` (global
+    steps, at most ``max_steps`` spread evenly; steps without the statistic left out)."""
+    out: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
+    if trial is None:
+        return out
+    for name in analysis.match_tensors(trial, patterns):
+        series = analysis.tensor_series(trial, name, max_points=max_steps, names=stats)
+        for stat in stats:
+            values = series.values.get(stat, [])
+            points = [(s, v) for s, v in zip(series.steps, values) if v is not None]
+            if points:
+                out[(name, stat)] = ([s for s, _ in points], [v for _, v in points])
+    return out
+
+
+def _rules_cell(found: dict[str, dict[str, Any]]) -> str | None:
+    """The table's ``rules`` cell: ``Rule: status @first step; ...`` (None when no rule ran)."""
+    return "; ".join(
+        f"{rule}: {f.get('status', '?')}" + (f" @{f['first_step']}" if f.get("first_step") else "")
+        for rule, f in sorted(found.items())) or None
+
+
+def _write(result: Comparison, runs: list[Any], experiments: Any, filter_string: str,
+           patterns: list[str], stats: list[str]) -> None:
+    """comparison.csv, comparison.json and (when a statistic was read) comparison.png."""
     result.table_path = os.path.join(result.out_dir, "comparison.csv")
     with open(result.table_path, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=result.columns, extrasaction="ignore")
@@ -279,9 +285,9 @@ def _write(result: Comparison, runs: list[Any], experiments: Any, filter_string:
         writer.writerows(result.rows)
     result.json_path = os.path.join(result.out_dir, "comparison.json")
     with open(result.json_path, "w", encoding="utf-8") as f:
-        json.dump({"experiments": experiments, "filter": filter_string, "tensors": patterns, "stats": stats,
-                   "rows": result.rows, "series": result.series, "findings": result.findings}, f, indent=1,
-                  default=str)
+        json.dump({"experiments": experiments, "filter": filter_string, "tensors": patterns,
+                   "stats": stats, "rows": result.rows, "series": result.series,
+                   "findings": result.findings}, f, indent=1, default=str)
     if result.series:
         from mlflow_plugin.plots import plot_series
 
@@ -289,8 +295,8 @@ def _write(result: Comparison, runs: list[Any], experiments: Any, filter_string:
                            if f.get("status") == "IssuesFound"
                            and str(f.get("first_step", "")).lstrip("-").isdigit()}
                    for label, found in result.findings.items()}
-        result.plot_path = plot_series(result.series, os.path.join(result.out_dir, "comparison.png"), markers,
-                                       title=f"{len(runs)} runs")
+        png = os.path.join(result.out_dir, "comparison.png")
+        result.plot_path = plot_series(result.series, png, markers, title=f"{len(runs)} runs")
     else:
         logger.warning("no statistic could be read for tensors %s: no plot", patterns)
 
@@ -316,12 +322,13 @@ def _log(client: Any, result: Comparison, runs: list[Any], experiments: Any, fil
     return run.info.run_id
 
 
-# -- the `mltrace compare` command (its arguments are declared in mltrace.cli) -----------------------------
+# -- the `mltrace compare` command (its arguments are declared in mltrace.cli) ---------------------
 def run_cli(args: argparse.Namespace) -> int:
     """Run ``mltrace compare``; prints the table and where the files are."""
-    result = compare_runs(args.experiments or None, args.filter, args.run_id, args.tensor, args.stat,
-                          args.out, max_runs=args.max_runs, tracking_uri=args.tracking_uri,
-                          log_to_mlflow=not args.no_log, log_experiment=args.log_experiment)
+    result = compare_runs(args.experiments or None, args.filter, args.run_id, args.tensor,
+                          args.stat, args.out, max_runs=args.max_runs,
+                          tracking_uri=args.tracking_uri, log_to_mlflow=not args.no_log,
+                          log_experiment=args.log_experiment)
     print(result.to_text())
     print(f"\ntable: {result.table_path}\nplot: {result.plot_path or '-'}")
     if result.mlflow_run_id:

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from mltrace import analysis
+from mltrace.analysis import finite_values
 from mltrace.exceptions import MltraceError, MltraceValueError
 from mltrace.modes import ModeKeys, mode_from
 from mltrace.trials import Trial, create_trial
@@ -43,23 +45,14 @@ def _as_trial(trial: Trial | str) -> Trial:
 
 
 def _resolve(trial: Trial, tensors: str | Sequence[str]) -> list[str]:
-    """Tensor names from names or regexes (re.search, as trial.tensor_names)."""
-    wanted = [tensors] if isinstance(tensors, str) else list(tensors)
-    names: list[str] = []
-    for item in wanted:
-        found = [item] if trial.has_tensor(item) else trial.tensor_names(regex=item)
-        names += [n for n in found if n not in names]
+    """Tensor names from names or regexes (re.search, as trial.tensor_names); raise if none."""
+    names = analysis.match_tensors(trial, tensors)
     if not names:
+        wanted = [tensors] if isinstance(tensors, str) else list(tensors)
         raise MltraceValueError(
-            f"no tensor of trial {trial.name!r} matches {wanted}; it has {trial.tensor_names()[:20]}")
+            f"no tensor of trial {trial.name!r} matches {wanted}; "
+            f"it has {trial.tensor_names()[:20]}")
     return names
-
-
-def _sample(steps: list[int], limit: int | None) -> list[int]:
-    if not limit or len(steps) <= limit:
-        return steps
-    idx = np.unique(np.linspace(0, len(steps) - 1, limit).round().astype(int))
-    return [steps[i] for i in idx]
 
 
 def tensor_values(trial: Trial | str, tensors: str | Sequence[str],
@@ -79,7 +72,7 @@ def tensor_values(trial: Trial | str, tensors: str | Sequence[str],
     out: dict[str, dict[int, np.ndarray]] = {}
     for name in _resolve(trial, tensors):
         tensor = trial.tensor(name)
-        chosen = list(steps) if steps is not None else _sample(tensor.steps(mode), max_steps)
+        chosen = list(steps) if steps is not None else analysis.thin(tensor.steps(mode), max_steps)
         values = {}
         for step in chosen:
             try:
@@ -89,23 +82,9 @@ def tensor_values(trial: Trial | str, tensors: str | Sequence[str],
         if values:
             out[name] = values
     if not out:
-        raise MltraceValueError(f"no saved values of {tensors} in trial {trial.name!r} (only reductions?)")
+        raise MltraceValueError(
+            f"no saved values of {tensors} in trial {trial.name!r} (only reductions?)")
     return out
-
-
-def _finite(value: Any) -> np.ndarray:
-    flat = np.asarray(value, dtype=np.float64).reshape(-1)
-    return flat[np.isfinite(flat)]
-
-
-def _edges(series: list[Mapping[int, np.ndarray]], bins: int) -> np.ndarray:
-    vals = [_finite(v) for s in series for v in s.values()]
-    vals = [v for v in vals if v.size]
-    lo = min((float(v.min()) for v in vals), default=0.0)
-    hi = max((float(v.max()) for v in vals), default=1.0)
-    if hi <= lo:
-        lo, hi = lo - 0.5, hi + 0.5
-    return np.linspace(lo, hi, bins + 1)
 
 
 def _gif(frames: list[Any], filename: str, duration_ms: int) -> str:
@@ -120,12 +99,13 @@ def _frame(canvas: Any, draw: bool = True) -> Any:
     if draw:
         canvas.draw()
     width, height = canvas.get_width_height()
-    image = Image.frombuffer("RGBA", (width, height), bytes(canvas.buffer_rgba()), "raw", "RGBA", 0, 1)
+    image = Image.frombuffer("RGBA", (width, height), bytes(canvas.buffer_rgba()), "raw", "RGBA", 0,
+                             1)
     return image.convert("RGB").convert("P", palette=Image.Palette.ADAPTIVE, colors=64)
 
 
-def _animate(panels: dict[str, list[tuple[str, Mapping[int, np.ndarray]]]], filename: str, bins: int,
-             duration_ms: int, title: str) -> str:
+def _animate(panels: Mapping[str, Sequence[tuple[str, Mapping[int, np.ndarray]]]], filename: str,
+             bins: int, duration_ms: int, title: str) -> str:
     """One GIF frame per step; one panel per title, one histogram per (label, {step: value}).
 
     Histograms are computed with numpy on fixed edges per panel; each frame only updates the
@@ -140,13 +120,14 @@ def _animate(panels: dict[str, list[tuple[str, Mapping[int, np.ndarray]]]], file
     counts: dict[tuple[str, int], dict[int, np.ndarray]] = {}
     patches = []
     for ax, (name, series) in zip(axes, panels.items()):
-        edges = _edges([v for _, v in series], bins)
+        edges = analysis.common_edges((v for _, vals in series for v in vals.values()), bins)
         top = 1
         for i, (label, vals) in enumerate(series):
-            hist = {s: np.histogram(_finite(v), edges)[0] for s, v in vals.items()}
+            hist = {s: np.histogram(finite_values(v), edges)[0] for s, v in vals.items()}
             counts[(name, i)] = hist
             top = max([top] + [int(h.max(initial=0)) for h in hist.values()])
-            patch = ax.stairs(np.zeros(bins), edges, fill=True, alpha=0.55 if len(series) > 1 else 0.9,
+            patch = ax.stairs(np.zeros(bins), edges, fill=True,
+                              alpha=0.55 if len(series) > 1 else 0.9,
                               color=_COLORS[i % len(_COLORS)], label=label or None)
             patches.append(((name, i), patch))
         ax.set_xlim(edges[0], edges[-1])
@@ -197,8 +178,9 @@ def create_interactive_matplotlib_histogram(tensors: Mapping[str, Mapping[int, A
     return _animate(panels, filename, bins, duration_ms, "")
 
 
-def plot_distributions(trial: Trial | str, tensors: str | Sequence[str], filename: str = "distributions.gif",
-                       steps: Sequence[int] | None = None, mode: ModeKeys | str = ModeKeys.GLOBAL,
+def plot_distributions(trial: Trial | str, tensors: str | Sequence[str],
+                       filename: str = "distributions.gif", steps: Sequence[int] | None = None,
+                       mode: ModeKeys | str = ModeKeys.GLOBAL,
                        bins: int = 50, max_steps: int | None = 50, duration_ms: int = 400) -> str:
     """Animated GIF of how tensors' value distributions move over the steps of a trial.
 
@@ -212,8 +194,8 @@ def plot_distributions(trial: Trial | str, tensors: str | Sequence[str], filenam
     Returns:
         ``filename``.
     """
-    return create_interactive_matplotlib_histogram(tensor_values(trial, tensors, steps, mode, max_steps),
-                                                   filename, bins, duration_ms)
+    values = tensor_values(trial, tensors, steps, mode, max_steps)
+    return create_interactive_matplotlib_histogram(values, filename, bins, duration_ms)
 
 
 def compare_trials(trial_a: Trial | str, trial_b: Trial | str, tensors: str | Sequence[str],
@@ -241,41 +223,54 @@ def compare_trials(trial_a: Trial | str, trial_b: Trial | str, tensors: str | Se
         raise MltraceValueError(f"labels={labels!r}: give two labels, one per trial")
     names = _resolve(a, tensors)
     values_a = tensor_values(a, names, steps, mode, max_steps)
-    values_b = tensor_values(b, [n for n in names if b.has_tensor(n)] or names, steps, mode, max_steps)
+    in_b = [n for n in names if b.has_tensor(n)] or names
+    values_b = tensor_values(b, in_b, steps, mode, max_steps)
     common = [n for n in names if n in values_a and n in values_b]
     if not common:
         raise MltraceValueError(f"the trials share no saved tensor among {names}")
+    pairs = {n: [(labels[0], values_a[n]), (labels[1], values_b[n])] for n in common}
     if filename.lower().endswith(".gif"):
-        panels = {n: [(labels[0], values_a[n]), (labels[1], values_b[n])] for n in common}
-        return _animate(panels, filename, bins, duration_ms, f"{labels[0]} vs {labels[1]}: ")
+        return _animate(pairs, filename, bins, duration_ms, f"{labels[0]} vs {labels[1]}: ")
     fig, canvas, axes = _figure(len(common), 2, width=4.8)
-    for row, name in enumerate(common):
-        hist_ax, stat_ax = axes[2 * row], axes[2 * row + 1]
-        shared = sorted(set(values_a[name]) & set(values_b[name]))
-        edges = _edges([values_a[name], values_b[name]], bins)
-        for i, (label, vals) in enumerate(((labels[0], values_a[name]), (labels[1], values_b[name]))):
-            color = _COLORS[i]
-            last = shared[-1] if shared else max(vals)
-            hist_ax.hist(_finite(vals[last]), bins=edges, alpha=0.55, color=color,
-                         label=f"{label} (step {last})")
-            xs = sorted(vals)
-            means = [float(np.mean(_finite(vals[s]))) if _finite(vals[s]).size else np.nan for s in xs]
-            stds = [float(np.std(_finite(vals[s]))) if _finite(vals[s]).size else np.nan for s in xs]
-            stat_ax.plot(xs, means, color=color, label=f"{label} mean")
-            stat_ax.fill_between(xs, np.subtract(means, stds), np.add(means, stds), color=color, alpha=0.2)
-        hist_ax.set_title(f"{name}: distribution", fontsize=9)
-        stat_ax.set_title(f"{name}: mean ± std over steps", fontsize=9)
-        stat_ax.set_xlabel("step", fontsize=8)
-        for ax in (hist_ax, stat_ax):
-            ax.tick_params(labelsize=7)
-            ax.legend(fontsize=7)
+    for row, (name, pair) in enumerate(pairs.items()):
+        _draw_pair(axes[2 * row], axes[2 * row + 1], name, pair, bins)
     fig.tight_layout()
     fig.savefig(filename)
     return filename
 
 
-def plot_series(panels: Mapping[str, Mapping[str, tuple[Sequence[int], Sequence[float]]]], filename: str,
-                markers: Mapping[str, Mapping[str, int]] | None = None, title: str = "") -> str:
+def _finite_mean_std(value: np.ndarray) -> tuple[float, float]:
+    """Mean and standard deviation of the finite values (NaN, NaN when there is none)."""
+    finite = finite_values(value)
+    return (float(np.mean(finite)), float(np.std(finite))) if finite.size else (np.nan, np.nan)
+
+
+def _draw_pair(hist_ax: Any, stat_ax: Any, name: str,
+               pair: Sequence[tuple[str, Mapping[int, np.ndarray]]], bins: int) -> None:
+    """One tensor of two trials: both distributions at the last step both saved (left), and each
+    one's mean ± std over steps (right)."""
+    shared = sorted(set(pair[0][1]) & set(pair[1][1]))
+    edges = analysis.common_edges([v for _, vals in pair for v in vals.values()], bins)
+    for color, (label, vals) in zip(_COLORS, pair):
+        last = shared[-1] if shared else max(vals)
+        hist_ax.hist(finite_values(vals[last]), bins=edges, alpha=0.55, color=color,
+                     label=f"{label} (step {last})")
+        xs = sorted(vals)
+        means, stds = zip(*(_finite_mean_std(vals[s]) for s in xs))
+        stat_ax.plot(xs, means, color=color, label=f"{label} mean")
+        stat_ax.fill_between(xs, np.subtract(means, stds), np.add(means, stds), color=color,
+                             alpha=0.2)
+    hist_ax.set_title(f"{name}: distribution", fontsize=9)
+    stat_ax.set_title(f"{name}: mean ± std over steps", fontsize=9)
+    stat_ax.set_xlabel("step", fontsize=8)
+    for ax in (hist_ax, stat_ax):
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=7)
+
+
+def plot_series(panels: Mapping[str, Mapping[str, tuple[Sequence[int], Sequence[float]]]],
+                filename: str, markers: Mapping[str, Mapping[str, int]] | None = None,
+                title: str = "") -> str:
     """Line plots, one panel per title with one line per label (``{label: (steps, values)}``);
     ``markers`` (``{label: {text: step}}``) draws dotted vertical lines, e.g. where a rule fired.
     Used by ``mlflow_plugin.compare``.

@@ -43,11 +43,11 @@ import threading
 import time
 from typing import Any
 
+from mlflow_plugin import _keys, _tracking, _transport
 from mltrace import __version__
 from mltrace.exceptions import MltraceRuntimeError, MltraceValueError
 from mltrace.format import paths
 from mltrace.modes import ModeKeys
-from mlflow_plugin import _keys, _tracking, _transport
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +136,8 @@ class MlflowSink:
         self.options = options
         self.flush_interval = float(options.get("flush_interval", 5.0))
         if self.flush_interval <= 0:
-            raise MltraceValueError(f"mlflow option flush_interval={self.flush_interval} must be > 0")
+            raise MltraceValueError(
+                f"mlflow option flush_interval={self.flush_interval} must be > 0")
         self.prefix = str(options.get("metric_prefix") or "")
         self.tracking_uri = _tracking.resolve_tracking_uri(options.get("tracking_uri"))
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
@@ -151,7 +152,8 @@ class MlflowSink:
 
         self._pending: collections.deque = collections.deque(maxlen=_MAX_PENDING)
         self._keys: dict[tuple[str, ModeKeys], str] = {}
-        self._key_owners: dict[str, tuple[str, ModeKeys]] = {}  # metric key -> the (name, mode) it is for
+        #: metric key -> the (name, mode) it is for
+        self._key_owners: dict[str, tuple[str, ModeKeys]] = {}
         self._own_keys: set[str] = set()
         self._foreign_keys: set[str] = set()
         self._first_seen: dict[str, float] = {}
@@ -169,12 +171,14 @@ class MlflowSink:
         self._unraised: str | None = None
         self.metrics_sent = 0
         self._transport: Any = _transport.ThreadTransport(self.client, self.run_id)
-        default = os.environ.get("MLTRACE_MLFLOW_PROCESS", "1").strip().lower() not in ("0", "false", "no")
+        flag = os.environ.get("MLTRACE_MLFLOW_PROCESS", "1").strip().lower()
+        default = flag not in ("0", "false", "no")
         if options.get("logging_process", default):
             try:
                 self._transport = _transport.ProcessTransport(self.run_id, self.tracking_uri)
             except OSError as exc:
-                logger.warning("no MLflow helper process (%s): metrics are logged from a thread", exc)
+                logger.warning("no MLflow helper process (%s): metrics are logged from a thread",
+                               exc)
         self._thread = threading.Thread(target=self._run, name="mltrace-mlflow", daemon=True)
         self._thread.start()
         logger.info("mltrace logs to MLflow run %s (experiment %s, %s)", self.run_id,
@@ -190,18 +194,20 @@ class MlflowSink:
         active = mlflow.active_run() if self._fluent else None
         if active is not None and not opts.get("nested"):
             if opts.get("experiment") or opts.get("experiment_id") or opts.get("run_name"):
-                logger.warning("an MLflow run is active (%s): the hook logs into it; its experiment/"
-                               "run_name options apply to new runs only (nested=True starts a child)",
-                               active.info.run_id)
+                logger.warning("an MLflow run is active (%s): the hook logs into it; its "
+                               "experiment/run_name options apply to new runs only (nested=True "
+                               "starts a child)", active.info.run_id)
             return active.info.run_id, active.info.experiment_id, None
         exp = _tracking.experiment_id_for(
-            self.client, opts.get("experiment"), opts.get("experiment_id"), fluent_store=self._fluent)
+            self.client, opts.get("experiment"), opts.get("experiment_id"),
+            fluent_store=self._fluent)
         if active is not None and not (opts.get("experiment") or opts.get("experiment_id")):
             exp = active.info.experiment_id
         tags = {str(k): _keys.tag_value(v) for k, v in (opts.get("tags") or {}).items()}
         name = opts.get("run_name")
         if self._fluent:
-            run = mlflow.start_run(experiment_id=exp, run_name=name, nested=active is not None, tags=tags)
+            run = mlflow.start_run(experiment_id=exp, run_name=name, nested=active is not None,
+                                   tags=tags)
             return run.info.run_id, run.info.experiment_id, "fluent"
         from mlflow.tracking.context.registry import resolve_tags
 
@@ -245,7 +251,7 @@ class MlflowSink:
         if len(pending) == _MAX_PENDING:
             self._dropped += 1  # MLflow is far behind: the oldest point falls out of the deque
         pending.append((name, mode, value, time.time(), mode_step))
-        if self._params is None and getattr(self.hook, "_prepared", False):
+        if self._params is None and self.hook.prepared:
             self._params = self._safe_hook_params()
         if len(pending) >= _WAKE_AT:
             self._wake.set()
@@ -266,11 +272,12 @@ class MlflowSink:
         out = {
             "mltrace.include_collections": json.dumps(list(hook.include_collections)),
             "mltrace.save_config": json.dumps(hook_save, sort_keys=True),
-            "mltrace.reduction_config": json.dumps(hook.reduction_config.to_json_dict(), sort_keys=True),
+            "mltrace.reduction_config": json.dumps(hook.reduction_config.to_json_dict(),
+                                                   sort_keys=True),
             "mltrace.save_all": str(hook.save_all),
             "mltrace.include_workers": hook.include_workers,
         }
-        for coll in getattr(hook, "_collections_to_save", []) or []:
+        for coll in hook.plan.saved:
             entry: dict[str, Any] = {"include_regex": list(coll.include_regex)}
             save = _compact(coll.effective_save_config().to_json_dict())
             if save != hook_save:
@@ -322,8 +329,8 @@ class MlflowSink:
             return
         except Exception as exc:
             if isinstance(self._transport, _transport.ProcessTransport):
-                logger.warning("the MLflow helper process (pid %d) is gone (%s): mltrace logs metrics from "
-                               "a thread from now on", self._transport.pid, exc)
+                logger.warning("the MLflow helper process (pid %d) is gone (%s): mltrace logs "
+                               "metrics from a thread from now on", self._transport.pid, exc)
                 self._retire_process()
                 self._send(batch)
                 return
@@ -335,8 +342,8 @@ class MlflowSink:
             self._unraised = str(error)
         if self._first_error is None:
             self._first_error = str(error)
-            logger.error("could not log metrics to MLflow run %s: %s (further failures are counted and "
-                         "reported at close)", self.run_id, error)
+            logger.error("could not log metrics to MLflow run %s: %s (further failures are "
+                         "counted and reported at close)", self.run_id, error)
 
     def _raise_failure(self) -> None:
         error, self._unraised = self._unraised, None
@@ -364,7 +371,8 @@ class MlflowSink:
                 key = _keys.unique_key(key, prefix + name)
                 self._key_owners[key] = (name, mode)
             if key != prefix + name:
-                logger.info("%r is logged to MLflow as the metric %r (MLflow's rules for names)", name, key)
+                logger.info("%r is logged to MLflow as the metric %r (MLflow's rules for names)",
+                            name, key)
             self._keys[(name, mode)] = key
         return key
 
@@ -392,7 +400,10 @@ class MlflowSink:
             try:  # autologging's own queue (PyTorch SummaryWriter scalars it has not sent yet)
                 from mlflow.utils.autologging_utils import metrics_queue
 
-                present |= {m.key for rid, m in list(metrics_queue._metrics_queue) if rid == self.run_id}
+                # MLflow internal: no public API lists what autologging holds unsent (flushing it
+                # would send it, from our thread); read-only, and any failure is ignored below.
+                queued = list(metrics_queue._metrics_queue)
+                present |= {m.key for rid, m in queued if rid == self.run_id}
             except Exception:  # pragma: no cover - internal of MLflow; best effort
                 pass
             for key in sorted(ready & present):
@@ -414,8 +425,9 @@ class MlflowSink:
         for key, value in params.items():
             if key in existing:
                 if existing[key] != value:
-                    logger.warning("run %s already has param %s=%r; mltrace's value %r is not logged "
-                                   "(MLflow params cannot change)", self.run_id, key, existing[key], value)
+                    logger.warning("run %s already has param %s=%r; mltrace's value %r is not "
+                                   "logged (MLflow params cannot change)", self.run_id, key,
+                                   existing[key], value)
                 continue
             fresh.append(Param(key, value))
         for chunk in _keys.chunks(fresh, _keys.MAX_PARAMS_TAGS_PER_BATCH):
@@ -447,7 +459,8 @@ class MlflowSink:
             self._params_logged = True
             self._log_params(self._params)
         if self._dropped:
-            logger.warning("MLflow logging fell behind: %d metric points were dropped", self._dropped)
+            logger.warning("MLflow logging fell behind: %d metric points were dropped",
+                           self._dropped)
         if self._failed_batches > 1:
             logger.error("%d metric batches could not be logged to MLflow run %s; first error: %s",
                          self._failed_batches, self.run_id, self._first_error)
@@ -456,7 +469,8 @@ class MlflowSink:
                 try:
                     step()
                 except Exception as exc:
-                    logger.warning("MLflow artifacts of %s: %s failed: %s", self.trial, step.__name__, exc)
+                    logger.warning("MLflow artifacts of %s: %s failed: %s", self.trial,
+                                   step.__name__, exc)
         self._end_run()
         if self._unraised is not None and self._strict:
             self._raise_failure()
@@ -475,10 +489,12 @@ class MlflowSink:
             for k in storage.list(paths.COLLECTIONS_DIR) if paths.parse_collections_key(k)}
         if tb_dir and "://" not in tb_dir:
             if os.path.isdir(tb_dir) and os.listdir(tb_dir):
-                self.client.log_artifacts(self.run_id, tb_dir, f"{_keys.ARTIFACT_DIR}/{paths.TENSORBOARD_DIR}")
+                self.client.log_artifacts(self.run_id, tb_dir,
+                                          f"{_keys.ARTIFACT_DIR}/{paths.TENSORBOARD_DIR}")
         elif tb_dir:  # remote (s3://...): copy through a temporary folder
             tb_storage = open_storage(tb_dir)
-            copies.update({f"{paths.TENSORBOARD_DIR}/{k}": (tb_storage, k) for k in tb_storage.list("")})
+            copies.update({f"{paths.TENSORBOARD_DIR}/{k}": (tb_storage, k)
+                           for k in tb_storage.list("")})
         if not copies:
             return
         tmp = tempfile.mkdtemp(prefix="mltrace-mlflow-")
@@ -498,7 +514,8 @@ class MlflowSink:
         from mlflow_plugin import summary
 
         info = summary.trial_summary(self.trial)
-        self.client.log_text(self.run_id, summary.summary_html(info), f"{_keys.ARTIFACT_DIR}/summary.html")
+        self.client.log_text(self.run_id, summary.summary_html(info),
+                             f"{_keys.ARTIFACT_DIR}/summary.html")
         self.client.log_dict(self.run_id, info, f"{_keys.ARTIFACT_DIR}/summary.json")
 
     def _end_run(self, status: str = "FINISHED") -> None:

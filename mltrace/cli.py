@@ -1,8 +1,8 @@
 """The ``mltrace`` command. Subcommands import what they need lazily.
 
-    mltrace info TRIAL_DIR      collections, tensors and steps of a trial
-    mltrace compare [EXPERIMENT ...] [--filter F] [--tensor T] [--stat S]   MLflow runs side by side
-    mltrace tensorboard DIR_OR_S3 [TENSORBOARD_ARGS]   TensorBoard with the mltrace tab on the trials
+mltrace info TRIAL_DIR      collections, tensors and steps of a trial
+mltrace compare [EXPERIMENT ...] [--filter F] [--tensor T] [--stat S]   MLflow runs side by side
+mltrace tensorboard DIR_OR_S3 [TENSORBOARD_ARGS]   TensorBoard with the mltrace tab on the trials
 """
 
 from __future__ import annotations
@@ -13,36 +13,41 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from mltrace.analysis import StepSpan
     from mltrace.trials import Trial
 
 
 def _info(args: argparse.Namespace) -> int:
+    from mltrace.analysis import trial_overview
     from mltrace.trials import create_trial
 
     trial = create_trial(args.trial, timeout=args.timeout)
-    print(f"trial {trial.path}")
-    print(f"  workers: {', '.join(trial.workers())}; training ended: {trial.loaded_all_steps}")
-    for mode in trial.modes():
-        steps = trial.steps(mode=mode)
-        span = f"{steps[0]}..{steps[-1]}" if steps else "-"
-        print(f"  {mode.name}: {len(steps)} steps ({span})")
+    info = trial_overview(trial)
+    print(f"trial {info.location}")
+    print(f"  workers: {', '.join(info.workers)}; training ended: {info.ended}")
+    for mode, span in info.modes.items():
+        print(f"  {mode}: {span.count} steps ({_span_text(span)})")
     print("  collections:")
-    for name, coll in sorted(trial.collections().items()):
-        members = trial.tensor_names(collection=coll)
-        print(f"    {name}: {len(members)} tensors, include_regex={coll.include_regex}")
+    for name, coll in info.collections.items():
+        print(f"    {name}: {len(info.members[name])} tensors, include_regex={coll.include_regex}")
     print("  tensors:")
-    for name in trial.tensor_names():
-        tensor = trial.tensor(name)
-        steps = tensor.steps()
-        print(f"    {name}: {len(steps)} steps")
+    for name in info.tensors:
+        print(f"    {name}: {len(trial.tensor(name).steps())} steps")
     if trial.skipped_files:
         print(f"  skipped (damaged) index files: {', '.join(trial.skipped_files)}")
-    if trial.loaded_all_steps:  # while training runs, an events file comes before its index
+    if info.ended:  # while training runs, an events file comes before its index
         orphans = _events_without_index(trial)
         if orphans:
-            print("  events files without an index file (not read; the index was lost): "
-                  + ", ".join(orphans))
+            print(
+                "  events files without an index file (not read; the index was lost): "
+                + ", ".join(orphans)
+            )
     return 0
+
+
+def _span_text(span: StepSpan) -> str:
+    """``first..last`` of a span, ``-`` when it has no step."""
+    return "-" if span.first is None else f"{span.first}..{span.last}"
 
 
 def _events_without_index(trial: Trial) -> list[str]:
@@ -51,8 +56,11 @@ def _events_without_index(trial: Trial) -> list[str]:
     from mltrace.format import paths
 
     indexed = {paths.parse_index_key(k) for k in trial.storage.list(paths.INDEX_DIR)}
-    return [k for k in trial.storage.list(paths.EVENTS_DIR)
-            if (parsed := paths.parse_event_key(k)) is not None and parsed not in indexed]
+    return [
+        k
+        for k in trial.storage.list(paths.EVENTS_DIR)
+        if (parsed := paths.parse_event_key(k)) is not None and parsed not in indexed
+    ]
 
 
 def _compare(args: argparse.Namespace) -> int:
@@ -77,45 +85,67 @@ def _tensorboard(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``mltrace`` command."""
-    parser = argparse.ArgumentParser(prog="mltrace", description="Inspect and analyse mltrace/smdebug trials.")
+    parser = argparse.ArgumentParser(
+        prog="mltrace", description="Inspect and analyse mltrace/smdebug trials.")
     sub = parser.add_subparsers(dest="command", required=True)
     info = sub.add_parser("info", help="summarise a trial: collections, tensors, steps per mode")
     info.add_argument("trial", help="the hook's out_dir")
-    info.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the trial's first files")
+    info.add_argument("--timeout", type=float, default=10.0,
+                      help="seconds to wait for the trial's first files")
     info.set_defaults(run=_info)
-    spill = sub.add_parser("upload-spill", help="upload files a run kept on local disk while S3 was down")
+    spill = sub.add_parser("upload-spill",
+                           help="upload files a run kept on local disk while S3 was down")
     spill.add_argument("folder", help="the spill folder named in the run's log")
     spill.set_defaults(run=_upload_spill)
-    compare = sub.add_parser(
-        "compare", help="compare MLflow training runs across experiments: tensor statistics per step, rule findings",
-        description="Table and PNG of chosen tensor statistics per step and the rule findings of each MLflow "
-                    "training run (mltrace.trial tag) of the experiments; also logged to MLflow.")
-    compare.add_argument("experiments", nargs="*", help="experiment names (default: all experiments)")
-    compare.add_argument("--filter", default="", help="MLflow filter string, e.g. \"params.lr = '0.1'\"")
-    compare.add_argument("--run-id", action="append", default=None, help="compare these runs (repeatable)")
+    _add_compare_arguments(sub.add_parser(
+        "compare", help="compare MLflow training runs across experiments: tensor statistics per "
+                        "step, rule findings",
+        description="Table and PNG of chosen tensor statistics per step and the rule findings of "
+                    "each MLflow training run (mltrace.trial tag) of the experiments; also logged "
+                    "to MLflow."))
+    _add_tensorboard_arguments(sub.add_parser(
+        "tensorboard", help="start TensorBoard with the mltrace tab on the trials under DIR_OR_S3",
+        description="Find mltrace trials under DIR_OR_S3 (a hook's out_dir, a folder of them, or "
+                    "s3://...) and start TensorBoard on their tensorboard/ exports, with the "
+                    "mltrace tab reading the trials. Arguments after DIR_OR_S3 go to TensorBoard, "
+                    "e.g. --port 6007 --samples_per_plugin histograms=0."))
+    return parser
+
+
+def _add_compare_arguments(compare: argparse.ArgumentParser) -> None:
+    """The arguments of ``mltrace compare`` (mlflow_plugin.compare runs it)."""
+    compare.add_argument("experiments", nargs="*",
+                         help="experiment names (default: all experiments)")
+    compare.add_argument("--filter", default="",
+                         help="MLflow filter string, e.g. \"params.lr = '0.1'\"")
+    compare.add_argument("--run-id", action="append", default=None,
+                         help="compare these runs (repeatable)")
     compare.add_argument("--tensor", action="append", default=None,
                          help="tensor name or regex (repeatable; default: the losses collection)")
     compare.add_argument("--stat", action="append", default=None,
-                         help="statistic per step: mean, std, l2, abs_max, ... (repeatable; default mean)")
-    compare.add_argument("--out", default="mltrace-compare", help="output folder (default ./mltrace-compare)")
+                         help="statistic per step: mean, std, l2, abs_max, ... (repeatable; "
+                              "default mean)")
+    compare.add_argument("--out", default="mltrace-compare",
+                         help="output folder (default ./mltrace-compare)")
     compare.add_argument("--max-runs", type=int, default=20)
     compare.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI")
     compare.add_argument("--no-log", action="store_true", help="do not log the result to MLflow")
     compare.add_argument("--log-experiment", default="mltrace-comparisons",
-                         help="experiment of the run the result is logged to (default mltrace-comparisons)")
+                         help="experiment of the run the result is logged to (default "
+                              "mltrace-comparisons)")
     compare.set_defaults(run=_compare)
-    tensorboard = sub.add_parser(
-        "tensorboard", help="start TensorBoard with the mltrace tab on the trials under DIR_OR_S3",
-        description="Find mltrace trials under DIR_OR_S3 (a hook's out_dir, a folder of them, or s3://...) and "
-                    "start TensorBoard on their tensorboard/ exports, with the mltrace tab reading the trials. "
-                    "Arguments after DIR_OR_S3 go to TensorBoard, e.g. --port 6007 --samples_per_plugin histograms=0.")
-    tensorboard.add_argument("target", metavar="DIR_OR_S3", help="a trial (hook out_dir) or a folder of trials")
+
+
+def _add_tensorboard_arguments(tensorboard: argparse.ArgumentParser) -> None:
+    """The arguments of ``mltrace tensorboard`` (tb_plugin.launch runs it)."""
+    tensorboard.add_argument("target", metavar="DIR_OR_S3",
+                             help="a trial (hook out_dir) or a folder of trials")
     tensorboard.add_argument("--print-command", action="store_true",
-                             help="print the TensorBoard command and exit (put it before DIR_OR_S3)")
+                             help="print the TensorBoard command and exit (put it before "
+                                  "DIR_OR_S3)")
     tensorboard.add_argument("tensorboard_args", nargs=argparse.REMAINDER,
                              help="arguments after DIR_OR_S3 go to TensorBoard (e.g. --port 6007)")
     tensorboard.set_defaults(run=_tensorboard)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

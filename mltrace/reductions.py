@@ -1,16 +1,17 @@
 """The reference definition of every reduction (numpy), and how reductions are named on disk.
 
-One definition everywhere (DESIGN.md, format contract point 6): computed over the flattened
-tensor, in float64 for ints and bools, float32 for float16/bfloat16, the tensor's dtype otherwise; std and
-variance with ddof=0; l1 = sum(|x|), l2 = sqrt(sum(x**2)); ``abs_`` applies ``np.abs`` first;
-NaN propagates as numpy does; an empty tensor has no reductions. Adapters compute the same with
-their framework's ops on the device; readers use these to compute from raw tensors.
+One definition everywhere (the writer, the reader and every view use these): computed over the
+flattened tensor, in float64 for ints and bools, float32 for float16/bfloat16, the tensor's dtype
+otherwise; std and variance with ddof=0; l1 = sum(|x|), l2 = sqrt(sum(x**2)); ``abs_`` applies
+``np.abs`` first; NaN propagates as numpy does; an empty tensor has no reductions. Adapters compute
+the same with their framework's ops on the device; readers and every view (``mltrace.analysis``)
+use these to compute from raw tensors.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -41,8 +42,12 @@ _OPS: dict[str, Callable[[np.ndarray], np.generic]] = {
     "median": np.median,
     "l1": lambda a: np.sum(np.abs(a)),
     "l2": lambda a: np.sqrt(np.sum(np.square(np.abs(a)))),
-    "nan_count": lambda a: np.int64(np.count_nonzero(np.isnan(a))) if a.dtype.kind in "fc" else np.int64(0),
-    "inf_count": lambda a: np.int64(np.count_nonzero(np.isinf(a))) if a.dtype.kind in "fc" else np.int64(0),
+    "nan_count": lambda a: (
+        np.int64(np.count_nonzero(np.isnan(a))) if a.dtype.kind in "fc" else np.int64(0)
+    ),
+    "inf_count": lambda a: (
+        np.int64(np.count_nonzero(np.isinf(a))) if a.dtype.kind in "fc" else np.int64(0)
+    ),
     "zero_fraction": lambda a: np.float64(np.count_nonzero(a == 0) / a.size),
 }
 REDUCTION_NAMES = tuple(_OPS)
@@ -53,8 +58,65 @@ def canonical_name(name: str) -> str:
     """Map user spellings (``l1_norm``) to the stored reduction name (``l1``), or raise."""
     name = _NORM_ALIASES.get(name, name)
     if name not in _OPS:
-        raise MltraceValueError(f"unknown reduction {name!r}: choose from {', '.join(REDUCTION_NAMES)}")
+        raise MltraceValueError(
+            f"unknown reduction {name!r}: choose from {', '.join(REDUCTION_NAMES)}"
+        )
     return name
+
+
+def statistic_name(name: str, abs: bool) -> str:
+    """The name of a reduction as a statistic (charts, tables, summaries): ``l2``, ``abs_max``."""
+    return f"abs_{name}" if abs else name
+
+
+def parse_statistic(statistic: str) -> tuple[str, bool]:
+    """Split a statistic name (``abs_max``, ``l2_norm``) into (stored reduction, abs), or raise.
+
+    Raises:
+        MltraceValueError: not a reduction this module defines (the message lists them).
+    """
+    is_abs = statistic.startswith("abs_")
+    return canonical_name(statistic[4:] if is_abs else statistic), is_abs
+
+
+def as_numeric(value: np.ndarray) -> np.ndarray:
+    """``value`` with bfloat16 (ml_dtypes', or mltrace's bit patterns) as exact float32; any other
+    array unchanged, so callers can test ``dtype.kind`` for numbers."""
+    if isinstance(value, BFloat16Bits):
+        return value.to_float32()
+    arr = np.asarray(value)
+    return arr.astype(np.float32) if arr.dtype.name == "bfloat16" else arr
+
+
+def compute_many(value: np.ndarray, statistics: Iterable[str]) -> dict[str, np.ndarray]:
+    """Several reductions of one tensor, each exactly as :func:`compute` defines it.
+
+    The value is flattened and converted once, and ``abs`` taken once, for all of them: charts over
+    long series of small tensors would otherwise spend more on the conversions than on reading.
+
+    Args:
+        value: the tensor.
+        statistics: statistic names (``mean``, ``abs_max``, ``l2_norm``; see parse_statistic).
+
+    Returns:
+        ``{statistic: 0-d array}`` keyed by the names as given; empty for an empty or
+        non-numeric tensor.
+
+    Raises:
+        MltraceValueError: an unknown name (even when the tensor is empty).
+    """
+    wanted = {s: parse_statistic(s) for s in statistics}
+    arr = _work_array(value)
+    if arr.size == 0 or arr.dtype.kind not in "biufc":
+        return {}
+    absolute = np.abs(arr) if any(is_abs for _, is_abs in wanted.values()) else arr
+    out = {}
+    with np.errstate(all="ignore"):
+        for statistic, (name, is_abs) in wanted.items():
+            result = np.asarray(_OPS[name](absolute if is_abs else arr))
+            # Stored and computed reductions alike are float64 (counts int64), whatever the dtype.
+            out[statistic] = result if result.dtype.kind in "ic" else result.astype(np.float64)
+    return out
 
 
 def compute(name: str, value: np.ndarray, abs: bool = False) -> np.ndarray | None:
@@ -65,21 +127,13 @@ def compute(name: str, value: np.ndarray, abs: bool = False) -> np.ndarray | Non
         value: the tensor.
         abs: reduce ``abs(value)`` instead.
     """
-    name = canonical_name(name)
-    arr = _work_array(value)
-    if arr.size == 0 or arr.dtype.kind not in "biufc":
-        return None
-    if abs:
-        arr = np.abs(arr)
-    with np.errstate(all="ignore"):
-        result = np.asarray(_OPS[name](arr))
-    # Stored and computed reductions alike are float64 (counts int64), whatever the input dtype.
-    return result if result.dtype.kind in "ic" else result.astype(np.float64)
+    statistic = statistic_name(canonical_name(name), abs)
+    return compute_many(value, [statistic]).get(statistic)
 
 
 def reduction_tensor_name(tensor_name: str, name: str, abs: bool) -> str:
     """The name a stored reduction gets: ``smdebug/reductions/[abs_]<name>/<tensor>``."""
-    return f"{REDUCTIONS_PREFIX}{'abs_' if abs else ''}{canonical_name(name)}/{tensor_name}"
+    return f"{REDUCTIONS_PREFIX}{statistic_name(canonical_name(name), abs)}/{tensor_name}"
 
 
 @functools.lru_cache(maxsize=1 << 16)  # the same names come back in every index file of a trial
@@ -87,7 +141,7 @@ def parse_reduction_tensor_name(stored: str) -> tuple[str, str, bool] | None:
     """Split a stored reduction name into (base tensor name, reduction, abs); None if not one."""
     if not stored.startswith(REDUCTIONS_PREFIX):
         return None
-    red, _, base = stored[len(REDUCTIONS_PREFIX):].partition("/")
+    red, _, base = stored[len(REDUCTIONS_PREFIX) :].partition("/")
     if not base:
         return None
     is_abs = red.startswith("abs_")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mltrace.format import paths
@@ -59,7 +60,9 @@ def _local_scan(root: str, max_depth: int = MAX_DEPTH) -> list[tuple[str, str]]:
     real_root = os.path.realpath(root)
     if is_local_trial(real_root):
         return [("", real_root)]
-    if os.path.basename(real_root) == paths.TENSORBOARD_DIR and is_local_trial(os.path.dirname(real_root)):
+    if os.path.basename(real_root) == paths.TENSORBOARD_DIR and is_local_trial(
+        os.path.dirname(real_root)
+    ):
         return [("", os.path.dirname(real_root))]
     stack = [("", real_root, 0)]
     seen = {real_root}
@@ -104,7 +107,7 @@ def find_trials(root: str) -> list[tuple[str, str]]:
     if is_remote(root):
         return _remote_scan(root)
     if root.startswith("file://"):
-        root = root[len("file://"):]
+        root = root[len("file://") :]
     return _local_scan(os.path.expanduser(root))
 
 
@@ -120,7 +123,9 @@ def trial_above_run(logdir: str, run: str) -> str | None:
     return "/".join(parts[:cut]) or None
 
 
-def discover(mltrace_logdirs: list[str], logdir: str | None, run_names: list[str] = ()) -> list[TrialRef]:
+def discover(
+    mltrace_logdirs: Sequence[str], logdir: str | None, run_names: Sequence[str] = ()
+) -> list[TrialRef]:
     """Every trial the plugin shows, each once, with unique names.
 
     Args:
@@ -145,7 +150,11 @@ def discover(mltrace_logdirs: list[str], logdir: str | None, run_names: list[str
         for run in run_names:
             trial = trial_above_run(logdir, run)
             if trial and not any(loc == trial for _, loc in candidates) and _is_trial(trial):
-                rel = run.split("/" + paths.TENSORBOARD_DIR)[0] if ("/" + paths.TENSORBOARD_DIR) in "/" + run else ""
+                rel = (
+                    run.split("/" + paths.TENSORBOARD_DIR)[0]
+                    if ("/" + paths.TENSORBOARD_DIR) in "/" + run
+                    else ""
+                )
                 candidates.append((rel.strip("/") or _basename(trial), trial))
     refs: list[TrialRef] = []
     names: set[str] = set()

@@ -52,11 +52,13 @@ class Launch:
 
 def _has_export(location: str) -> bool:
     if discovery.is_remote(location):
-        return True  # listing an object store for a folder costs as much as letting TensorBoard look
+        return True
     return os.path.isdir(os.path.join(location, paths.TENSORBOARD_DIR))
 
 
-def build_launch(target: str, extra: list[str] | None = None, environ: dict[str, str] | None = None) -> Launch:
+def build_launch(
+    target: str, extra: list[str] | None = None, environ: dict[str, str] | None = None
+) -> Launch:
     """Find the trials under ``target`` and build TensorBoard's command line.
 
     Raises:
@@ -67,18 +69,26 @@ def build_launch(target: str, extra: list[str] | None = None, environ: dict[str,
     trials = discovery.find_trials(target)
     if not trials:
         raise MltraceValueError(
-            f"no mltrace trial under {target!r} (a trial holds collections/000000000/*_collections.json): "
-            "pass a hook's out_dir or a folder of them")
+            f"no mltrace trial under {target!r} "
+            "(a trial holds collections/000000000/*_collections.json): "
+            "pass a hook's out_dir or a folder of them"
+        )
     remote = discovery.is_remote(target)
     names = [_run_name(rel, loc) for rel, loc in trials]
-    exports = [(n, f"{loc.rstrip('/')}/{paths.TENSORBOARD_DIR}") for n, (_, loc) in zip(names, trials)
-               if _has_export(loc)]
+    exports = [
+        (n, f"{loc.rstrip('/')}/{paths.TENSORBOARD_DIR}")
+        for n, (_, loc) in zip(names, trials)
+        if _has_export(loc)
+    ]
     launch = Launch(argv=[], env={}, trials=trials, stub_tensorflow=remote)
     if remote:
         if len(exports) == 1:
             logdir_args = ["--logdir", exports[0][1]]
         elif exports:
-            logdir_args = ["--logdir_spec", ",".join(f"{_spec_name(n)}:{uri}" for n, uri in exports)]
+            logdir_args = [
+                "--logdir_spec",
+                ",".join(f"{_spec_name(n)}:{uri}" for n, uri in exports),
+            ]
         else:
             logdir_args = ["--logdir", _empty_dir(launch)]
         logdir_args.append("--load_fast=false")
@@ -135,15 +145,22 @@ def run_tensorboard(argv: list[str], stub_tensorflow: bool = False) -> None:
 def run_cli(args: argparse.Namespace) -> int:
     """``mltrace tensorboard``: print what was found, then run TensorBoard until it exits."""
     extra = list(args.tensorboard_args or [])
-    launch = build_launch(args.target, [a for a in extra if a != "--"] if "--" in extra[:1] else extra)
+    launch = build_launch(
+        args.target, [a for a in extra if a != "--"] if "--" in extra[:1] else extra
+    )
     if not args.print_command:  # a printed command keeps its link folder
         for folder in launch.cleanup:
             atexit.register(shutil.rmtree, folder, True)
     print(f"mltrace: {len(launch.trials)} trial(s) under {args.target}:", file=sys.stderr)
     for rel, location in launch.trials:
         print(f"  {rel or '.'}  ({location})", file=sys.stderr)
-    command = [sys.executable, "-m", "tb_plugin.launch", *(["--stub-tensorflow"] if launch.stub_tensorflow else []),
-               *launch.argv]
+    command = [
+        sys.executable,
+        "-m",
+        "tb_plugin.launch",
+        *(["--stub-tensorflow"] if launch.stub_tensorflow else []),
+        *launch.argv,
+    ]
     if args.print_command:
         env = " ".join(f"{k}={v}" for k, v in launch.env.items())
         print((env + " " if env else "") + " ".join(command))

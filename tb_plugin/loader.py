@@ -44,6 +44,13 @@ class MltracePluginLoader(base_plugin.TBLoader):
             logger.error("mltrace TensorBoard plugin disabled: %s: %s", type(exc).__name__, exc)
             return None
         flags = context.flags
-        roots = [r.strip() for r in (getattr(flags, metadata.LOGDIR_FLAG, "") or "").split(",") if r.strip()]
-        return MltracePlugin(context, mltrace_logdirs=roots,
-                             mlflow_uri=getattr(flags, metadata.MLFLOW_FLAG, "") or None)
+        roots = [
+            r.strip()
+            for r in (getattr(flags, metadata.LOGDIR_FLAG, "") or "").split(",")
+            if r.strip()
+        ]
+        return MltracePlugin(
+            context,
+            mltrace_logdirs=roots,
+            mlflow_uri=getattr(flags, metadata.MLFLOW_FLAG, "") or None,
+        )

@@ -1,4 +1,4 @@
-"""Names the plugin shares with TensorBoard and with its frontend (no imports: the loader uses it)."""
+"""Names the plugin shares with TensorBoard and its frontend (no imports: the loader uses it)."""
 
 #: URL prefix (/data/plugin/mltrace/...) and TensorBoard's plugin key.
 PLUGIN_NAME = "mltrace"

@@ -66,11 +66,12 @@ class MltracePlugin(base_plugin.TBPlugin):
         self._refs_at = float("-inf")
         self._trials: dict[str, tuple[Trial, threading.RLock]] = {}
         self._cache = views.SeriesCache()
-        self._static = frozenset(n for n in os.listdir(STATIC_DIR) if os.path.splitext(n)[1] in _CONTENT_TYPES)
+        self._static = frozenset(n for n in os.listdir(STATIC_DIR)
+                                 if os.path.splitext(n)[1] in _CONTENT_TYPES)
 
     # -- TensorBoard's plugin interface -----------------------------------------------------------
     def get_plugin_apps(self) -> dict[str, Callable]:
-        return {
+        routes: dict[str, Callable[[wrappers.Request], wrappers.Response]] = {
             "/index.js": self._index_js_route,
             "/static/*": self._static_route,
             "/runs": self._runs_route,
@@ -81,6 +82,8 @@ class MltracePlugin(base_plugin.TBPlugin):
             "/collections": self._collections_route,
             "/rules": self._rules_route,
         }
+        # Each route takes the request; werkzeug makes it a WSGI application.
+        return {path: wrappers.Request.application(route) for path, route in routes.items()}
 
     def is_active(self) -> bool:
         try:
@@ -93,7 +96,8 @@ class MltracePlugin(base_plugin.TBPlugin):
         return base_plugin.FrontendMetadata(es_module_path="/index.js", tab_name=metadata.TAB_NAME)
 
     # -- discovery and trials ---------------------------------------------------------------------
-    def _discover(self, run_names: list[str] | None = None, force: bool = False) -> dict[str, discovery.TrialRef]:
+    def _discover(self, run_names: list[str] | None = None,
+                  force: bool = False) -> dict[str, discovery.TrialRef]:
         with self._lock:
             if force or run_names or time.monotonic() - self._refs_at > DISCOVERY_TTL:
                 refs = discovery.discover(self._roots, self._logdir, run_names or [])
@@ -134,7 +138,8 @@ class MltracePlugin(base_plugin.TBPlugin):
     # -- impl: pure methods over trials (tests call them directly) ---------------------------------
     def runs_impl(self, run_names: list[str] | None = None) -> dict[str, Any]:
         refs = self._discover(run_names, force=run_names is not None)
-        return {"version": metadata.API_VERSION, "runs": [{"name": r.name, "location": r.location} for r in refs.values()],
+        return {"version": metadata.API_VERSION,
+                "runs": [{"name": r.name, "location": r.location} for r in refs.values()],
                 "mlflow_uri": self._mlflow_uri}
 
     def run_impl(self, run: str) -> dict[str, Any]:
@@ -142,8 +147,9 @@ class MltracePlugin(base_plugin.TBPlugin):
         with lock:
             return views.run_summary(trial)
 
-    def series_impl(self, runs: list[str], tensor: str, mode: ModeKeys | None = None, worker: str | None = None,
-                    per_worker: bool = False, max_points: int | None = None) -> dict[str, Any]:
+    def series_impl(self, runs: list[str], tensor: str, mode: ModeKeys | None = None,
+                    worker: str | None = None, per_worker: bool = False,
+                    max_points: int | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {"tensor": tensor, "runs": []}
         for run in runs:
             trial, lock = self.trial(run)
@@ -152,18 +158,20 @@ class MltracePlugin(base_plugin.TBPlugin):
                 if not trial.has_tensor(tensor):
                     out["runs"].append({"run": trial.name, "missing": True, "modes": {}})
                     continue
-                out["runs"].append(views.series(trial, tensor, [mode] if mode else None, worker, per_worker,
-                                                self._cache, max_points))
+                out["runs"].append(views.series(trial, tensor, [mode] if mode else None, worker,
+                                                per_worker, self._cache, max_points))
         return out
 
     def histograms_impl(self, run: str, tensor: str, mode: ModeKeys, worker: str | None = None,
-                        bins: int = views.DEFAULT_HISTOGRAM_BINS, max_steps: int | None = None) -> dict[str, Any]:
+                        bins: int = views.DEFAULT_HISTOGRAM_BINS,
+                        max_steps: int | None = None) -> dict[str, Any]:
         trial, lock = self.trial(run)
         with lock:
             self._check_tensor(trial, tensor, worker)
             return views.histograms(trial, tensor, mode, worker, bins, max_steps)
 
-    def value_impl(self, run: str, tensor: str, step: int, mode: ModeKeys, worker: str | None = None) -> dict[str, Any]:
+    def value_impl(self, run: str, tensor: str, step: int, mode: ModeKeys,
+                   worker: str | None = None) -> dict[str, Any]:
         trial, lock = self.trial(run)
         with lock:
             self._check_tensor(trial, tensor, worker)
@@ -192,65 +200,63 @@ class MltracePlugin(base_plugin.TBPlugin):
             raise errors.NotFoundError(f"trial {trial.name!r} has no worker {worker!r}")
 
     # -- routes: parse, call the impl, answer JSON ------------------------------------------------
-    def _json(self, request: wrappers.Request, impl: Callable[[], dict[str, Any]]) -> wrappers.Response:
+    def _json(self, request: wrappers.Request,
+              impl: Callable[[], dict[str, Any]]) -> wrappers.Response:
         try:
             return http_util.Respond(request, impl(), "application/json")
         except errors.PublicError as exc:
-            return http_util.Respond(request, {"error": str(exc)}, "application/json", code=exc.http_code)
+            return http_util.Respond(request, {"error": str(exc)}, "application/json",
+                                     code=exc.http_code)
         except MltraceError as exc:
             return http_util.Respond(request, {"error": str(exc)}, "application/json", code=404)
 
-    @wrappers.Request.application
     def _runs_route(self, request: wrappers.Request) -> wrappers.Response:
         return self._json(request, lambda: self.runs_impl(self._provider_runs(request) or None))
 
-    @wrappers.Request.application
     def _run_route(self, request: wrappers.Request) -> wrappers.Response:
         return self._json(request, lambda: self.run_impl(_arg(request, "run")))
 
-    @wrappers.Request.application
     def _series_route(self, request: wrappers.Request) -> wrappers.Response:
         def impl() -> dict[str, Any]:
             runs = request.args.getlist("run")
             if not runs or len(runs) > MAX_RUNS_PER_REQUEST:
-                raise errors.InvalidArgumentError(f"give 1 to {MAX_RUNS_PER_REQUEST} run= parameters")
-            return self.series_impl(runs, _arg(request, "tensor"), _mode(request, required=False),
-                                    request.args.get("worker") or None, request.args.get("per_worker") in ("1", "true"),
+                raise errors.InvalidArgumentError(
+                    f"give 1 to {MAX_RUNS_PER_REQUEST} run= parameters")
+            return self.series_impl(runs, _arg(request, "tensor"), _optional_mode(request),
+                                    request.args.get("worker") or None,
+                                    request.args.get("per_worker") in ("1", "true"),
                                     _int(request, "max_points", minimum=2))
         return self._json(request, impl)
 
-    @wrappers.Request.application
     def _histograms_route(self, request: wrappers.Request) -> wrappers.Response:
         return self._json(request, lambda: self.histograms_impl(
-            _arg(request, "run"), _arg(request, "tensor"), _mode(request), request.args.get("worker") or None,
+            _arg(request, "run"), _arg(request, "tensor"), _mode(request),
+            request.args.get("worker") or None,
             _int(request, "bins", minimum=1, maximum=MAX_BINS) or views.DEFAULT_HISTOGRAM_BINS,
             _int(request, "max_steps", minimum=1)))
 
-    @wrappers.Request.application
     def _value_route(self, request: wrappers.Request) -> wrappers.Response:
         return self._json(request, lambda: self.value_impl(
-            _arg(request, "run"), _arg(request, "tensor"), _int(request, "step", minimum=0, required=True),
+            _arg(request, "run"), _arg(request, "tensor"),
+            _required_int(request, "step", minimum=0),
             _mode(request), request.args.get("worker") or None))
 
-    @wrappers.Request.application
     def _collections_route(self, request: wrappers.Request) -> wrappers.Response:
         return self._json(request, lambda: self.collections_impl(_arg(request, "run")))
 
-    @wrappers.Request.application
     def _rules_route(self, request: wrappers.Request) -> wrappers.Response:
         return self._json(request, lambda: self.rules_impl(_arg(request, "run")))
 
-    @wrappers.Request.application
     def _index_js_route(self, request: wrappers.Request) -> wrappers.Response:
         return self._serve_file(request, "index.js")
 
-    @wrappers.Request.application
     def _static_route(self, request: wrappers.Request) -> wrappers.Response:
         _, _, name = request.path.partition(f"/{metadata.PLUGIN_NAME}/static/")
         return self._serve_file(request, name)
 
     def _serve_file(self, request: wrappers.Request, name: str) -> wrappers.Response:
-        if name not in self._static:  # a fixed list: "..", "%2e%2e", "\\" and absolute paths never match
+        # A fixed list: "..", "%2e%2e", "\\" and absolute paths never match.
+        if name not in self._static:
             return http_util.Respond(request, "not found", "text/plain", code=404)
         with open(os.path.join(STATIC_DIR, name), "rb") as f:
             content = f.read()
@@ -264,28 +270,45 @@ def _arg(request: wrappers.Request, name: str) -> str:
     return value
 
 
-def _mode(request: wrappers.Request, required: bool = True) -> ModeKeys | None:
+def _optional_mode(request: wrappers.Request) -> ModeKeys | None:
+    """The ``mode=`` parameter (any case), None when absent."""
     raw = request.args.get("mode")
     if not raw:
-        if required:
-            raise errors.InvalidArgumentError(f"parameter mode= is required: one of {[m.name for m in ModeKeys]}")
         return None
     if raw.upper() not in ModeKeys.__members__:
-        raise errors.InvalidArgumentError(f"mode={raw!r} is not one of {[m.name for m in ModeKeys]}")
+        raise errors.InvalidArgumentError(
+            f"mode={raw!r} is not one of {[m.name for m in ModeKeys]}")
     return ModeKeys[raw.upper()]
 
 
-def _int(request: wrappers.Request, name: str, minimum: int = 0, maximum: int | None = None,
-         required: bool = False) -> int | None:
+def _mode(request: wrappers.Request) -> ModeKeys:
+    """The ``mode=`` parameter, which the route requires."""
+    mode = _optional_mode(request)
+    if mode is None:
+        raise errors.InvalidArgumentError(
+            f"parameter mode= is required: one of {[m.name for m in ModeKeys]}")
+    return mode
+
+
+def _int(request: wrappers.Request, name: str, minimum: int = 0,
+         maximum: int | None = None) -> int | None:
+    """The integer parameter ``name`` within [minimum, maximum], None when absent."""
     raw = request.args.get(name)
-    if raw in (None, ""):
-        if required:
-            raise errors.InvalidArgumentError(f"parameter {name}= is required")
+    if raw is None or raw == "":
         return None
     try:
         value = int(raw)
     except ValueError:
         raise errors.InvalidArgumentError(f"{name}={raw!r} is not an integer") from None
     if value < minimum or (maximum is not None and value > maximum):
-        raise errors.InvalidArgumentError(f"{name}={value} is out of range [{minimum}, {maximum or 'inf'}]")
+        raise errors.InvalidArgumentError(
+            f"{name}={value} is out of range [{minimum}, {maximum or 'inf'}]")
+    return value
+
+
+def _required_int(request: wrappers.Request, name: str, minimum: int = 0) -> int:
+    """The integer parameter ``name`` (>= minimum), which the route requires."""
+    value = _int(request, name, minimum)
+    if value is None:
+        raise errors.InvalidArgumentError(f"parameter {name}= is required")
     return value

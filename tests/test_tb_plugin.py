@@ -20,6 +20,7 @@ from werkzeug import test as werkzeug_test
 from werkzeug import wrappers
 
 import mltrace.pytorch as smd
+from mltrace.analysis import series as analysis_series
 from mltrace.format import paths
 from mltrace.modes import ModeKeys
 from mltrace.storage import register_scheme
@@ -161,7 +162,7 @@ def test_collections_and_rules_panels(plugin):
 def test_warm_series_read_no_step_again(plugin, monkeypatch):
     plugin.series_impl(["runLong"], "long")
     calls = []
-    monkeypatch.setattr(views, "step_values", lambda *a: calls.append(a) or {})
+    monkeypatch.setattr(analysis_series, "step_statistics", lambda *a: calls.append(a) or {})
     plugin.series_impl(["runLong"], "long")
     assert calls == []
 

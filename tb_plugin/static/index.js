@@ -491,59 +491,60 @@ function saveConfigText(sc) {
   }).join("\n");
 }
 
-async function collectionsPanel() {
+// One section per selected run, filled by render(run, section); an error shows in its section.
+async function perRunSections(render) {
   for (const run of state.selected) {
     const section = el("section", {class: "mt-run-section"}, el("h3", {}, run));
     ui.main.appendChild(section);
     try {
-      const answer = await getJSON("collections", {run});
-      const table = el("table", {class: "mt-table mt-collections"},
-        el("tr", {}, ["Collection", "Include regexes", "Save config", "Reductions", "Histogram", "Tensors"].map((h) => el("th", {}, h))));
-      for (const c of answer.collections) {
-        const rc = c.reduction_config;
-        const reds = [rc.reductions, rc.mltrace_reductions].filter(Boolean).join(",") || "(none)";
-        table.appendChild(el("tr", {},
-          el("td", {class: "mt-name"}, c.name),
-          el("td", {}, c.include_regex.length ? c.include_regex.map((r) => el("code", {}, r)) : "—"),
-          el("td", {class: "mt-pre"}, saveConfigText(c.save_config)),
-          el("td", {}, `${reds}${rc.save_raw_tensor ? "; raw tensor" : ""}${rc.save_shape ? "; shape" : ""}`),
-          el("td", {}, c.save_histogram ? "yes" : "no"),
-          el("td", {}, el("details", {}, el("summary", {}, `${c.tensors.length} tensors`),
-            el("ul", {}, c.tensors.map((t) => el("li", {}, t)))))));
-      }
-      section.appendChild(table);
+      await render(run, section);
     } catch (err) {
       section.appendChild(el("div", {class: "mt-error"}, err.message));
     }
   }
 }
 
+async function collectionsPanel() {
+  await perRunSections(async (run, section) => {
+    const answer = await getJSON("collections", {run});
+    const table = el("table", {class: "mt-table mt-collections"},
+      el("tr", {}, ["Collection", "Include regexes", "Save config", "Reductions", "Histogram", "Tensors"].map((h) => el("th", {}, h))));
+    for (const c of answer.collections) {
+      const rc = c.reduction_config;
+      const reds = [rc.reductions, rc.mltrace_reductions].filter(Boolean).join(",") || "(none)";
+      table.appendChild(el("tr", {},
+        el("td", {class: "mt-name"}, c.name),
+        el("td", {}, c.include_regex.length ? c.include_regex.map((r) => el("code", {}, r)) : "—"),
+        el("td", {class: "mt-pre"}, saveConfigText(c.save_config)),
+        el("td", {}, `${reds}${rc.save_raw_tensor ? "; raw tensor" : ""}${rc.save_shape ? "; shape" : ""}`),
+        el("td", {}, c.save_histogram ? "yes" : "no"),
+        el("td", {}, el("details", {}, el("summary", {}, `${c.tensors.length} tensors`),
+          el("ul", {}, c.tensors.map((t) => el("li", {}, t)))))));
+    }
+    section.appendChild(table);
+  });
+}
+
 // -- Rules panel ------------------------------------------------------------------------------
 async function rulesPanel() {
-  for (const run of state.selected) {
-    const section = el("section", {class: "mt-run-section"}, el("h3", {}, run));
-    ui.main.appendChild(section);
-    try {
-      const answer = await getJSON("rules", {run});
-      if (!answer.rules.length) {
-        section.appendChild(el("div", {class: "mt-note"}, "No rule has run on this trial yet (python -m mltrace.rules.rule_invoker --trial-dir ... --rule-name ...)."));
-        continue;
-      }
-      const table = el("table", {class: "mt-table mt-rules"},
-        el("tr", {}, ["Rule", "Status", "Fired at steps", "Message", "Parameters", "MLflow"].map((h) => el("th", {}, h))));
-      for (const r of answer.rules) {
-        const fired = r.fired_steps.length > 20 ? `${r.fired_steps.slice(0, 20).join(", ")} … (${r.fired_steps.length})` : r.fired_steps.join(", ");
-        table.appendChild(el("tr", {},
-          el("td", {class: "mt-name"}, r.rule),
-          el("td", {}, el("span", {class: `mt-status mt-status-${r.status}`}, r.status)),
-          el("td", {}, fired || "—", el("div", {class: "mt-note"}, `${r.evaluated_steps} steps evaluated`)),
-          el("td", {}, r.message || r.error || "—"),
-          el("td", {class: "mt-pre"}, JSON.stringify(r.parameters, null, 1)),
-          el("td", {}, r.mlflow_url ? el("a", {href: r.mlflow_url, target: "_blank", rel: "noopener noreferrer"}, "run") : (r.mlflow_run_id || "—"))));
-      }
-      section.appendChild(table);
-    } catch (err) {
-      section.appendChild(el("div", {class: "mt-error"}, err.message));
+  await perRunSections(async (run, section) => {
+    const answer = await getJSON("rules", {run});
+    if (!answer.rules.length) {
+      section.appendChild(el("div", {class: "mt-note"}, "No rule has run on this trial yet (python -m mltrace.rules.rule_invoker --trial-dir ... --rule-name ...)."));
+      return;
     }
-  }
+    const table = el("table", {class: "mt-table mt-rules"},
+      el("tr", {}, ["Rule", "Status", "Fired at steps", "Message", "Parameters", "MLflow"].map((h) => el("th", {}, h))));
+    for (const r of answer.rules) {
+      const fired = r.fired_steps.length > 20 ? `${r.fired_steps.slice(0, 20).join(", ")} … (${r.fired_steps.length})` : r.fired_steps.join(", ");
+      table.appendChild(el("tr", {},
+        el("td", {class: "mt-name"}, r.rule),
+        el("td", {}, el("span", {class: `mt-status mt-status-${r.status}`}, r.status)),
+        el("td", {}, fired || "—", el("div", {class: "mt-note"}, `${r.evaluated_steps} steps evaluated`)),
+        el("td", {}, r.message || r.error || "—"),
+        el("td", {class: "mt-pre"}, JSON.stringify(r.parameters, null, 1)),
+        el("td", {}, r.mlflow_url ? el("a", {href: r.mlflow_url, target: "_blank", rel: "noopener noreferrer"}, "run") : (r.mlflow_run_id || "—"))));
+    }
+    section.appendChild(table);
+  });
 }

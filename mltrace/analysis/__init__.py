@@ -1,0 +1,80 @@
+"""One analysis layer, many views: a tensor's statistics over steps, histograms, and a trial's
+overview, computed once here from the public reader API (``Trial``, ``Tensor``) for the
+TensorBoard plugin, the MLflow summary, comparison and plots, and ``mltrace info``.
+
+- :mod:`~mltrace.analysis.statistics`: ``thin`` (the one step thinning), ``step_statistics``,
+  ``value_statistics`` (reductions as ``mltrace.reductions`` defines them).
+- :mod:`~mltrace.analysis.series`: ``tensor_series`` per mode and worker, ``SeriesCache``,
+  ``tensor_modes``, ``tensor_workers``.
+- :mod:`~mltrace.analysis.histograms`: ``histogram``, ``tensor_histograms``, ``finite_values``,
+  ``common_edges``.
+- :mod:`~mltrace.analysis.overview`: ``trial_overview``, ``match_tensors``, ``format_statistic``.
+
+Core: imports only the standard library, numpy and mltrace.
+
+Example:
+    >>> from mltrace.analysis import tensor_series, trial_overview
+    >>> overview = trial_overview(trial)
+    >>> loss = tensor_series(trial, "CrossEntropyLoss_output_0", ModeKeys.TRAIN, max_points=200)
+    >>> loss.steps, loss.values["value"]
+"""
+
+from mltrace.analysis.histograms import (
+    Histogram,
+    HistogramSeries,
+    common_edges,
+    finite_values,
+    histogram,
+    tensor_histograms,
+)
+from mltrace.analysis.overview import (
+    StepSpan,
+    TrialOverview,
+    format_statistic,
+    match_tensors,
+    trial_overview,
+)
+from mltrace.analysis.series import (
+    Coverage,
+    Damaged,
+    Series,
+    SeriesCache,
+    tensor_modes,
+    tensor_series,
+    tensor_workers,
+)
+from mltrace.analysis.statistics import (
+    RAW_STATISTICS,
+    UNREADABLE,
+    VALUE,
+    step_statistics,
+    thin,
+    value_statistics,
+)
+
+__all__ = [
+    "RAW_STATISTICS",
+    "UNREADABLE",
+    "VALUE",
+    "Coverage",
+    "Damaged",
+    "Histogram",
+    "HistogramSeries",
+    "Series",
+    "SeriesCache",
+    "StepSpan",
+    "TrialOverview",
+    "common_edges",
+    "finite_values",
+    "format_statistic",
+    "histogram",
+    "match_tensors",
+    "step_statistics",
+    "tensor_histograms",
+    "tensor_modes",
+    "tensor_series",
+    "tensor_workers",
+    "thin",
+    "trial_overview",
+    "value_statistics",
+]
