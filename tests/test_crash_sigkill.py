@@ -357,6 +357,7 @@ def _one_run(h: Harness, out_dir: str, kind: str, delay: float) -> None:
     h.figures.runs += 1
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_leaves_every_written_step_readable(tmp_path):
     started = time.monotonic()
     server = ForkServer(str(tmp_path / "fork_server.log"))
@@ -389,7 +390,7 @@ def _refusing(storage_class: type[Storage], refuse: str) -> type[Storage]:
     return Refusing
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.server)])
 def location(request, tmp_path, monkeypatch) -> tuple[str, type[Storage]]:
     """(trial URI, its storage class) on local disk and on the S3 server of tests/servers.py."""
     if request.param == "local":

@@ -87,6 +87,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
     return started
 
 
+@pytest.mark.slow  # every test on `runs` waits for its ~30 s of example runs
 def test_weights_bias_gradients(runs: dict[str, Run]) -> None:
     run = runs["weights-bias-gradients"]
     stdout = run.check()
@@ -102,6 +103,7 @@ def test_weights_bias_gradients(runs: dict[str, Run]) -> None:
     assert float(trial.tensor("gradient/Net_fc3.bias").reduction_value(3, "mean", abs=True)) > 0
 
 
+@pytest.mark.slow
 def test_module_input_output(runs: dict[str, Run]) -> None:
     run = runs["module-input-output"]
     run.check()
@@ -118,6 +120,7 @@ def test_module_input_output(runs: dict[str, Run]) -> None:
     np.testing.assert_allclose(np.exp(output).sum(axis=1), 1.0, rtol=1e-5)  # log_softmax
 
 
+@pytest.mark.slow
 def test_saveall(runs: dict[str, Run]) -> None:
     run = runs["saveall"]
     run.check()
@@ -134,6 +137,7 @@ def test_saveall(runs: dict[str, Run]) -> None:
     )
 
 
+@pytest.mark.slow
 def test_vanishing_grad_has_tiny_gradients(runs: dict[str, Run]) -> None:
     run = runs["vanishing_grad"]
     stdout = run.check()
@@ -153,6 +157,7 @@ def test_vanishing_grad_has_tiny_gradients(runs: dict[str, Run]) -> None:
     )
 
 
+@pytest.mark.slow
 def test_exploding_tensor_has_nan_or_inf(runs: dict[str, Run]) -> None:
     run = runs["exploding_tensor"]
     stdout = run.check()
@@ -192,6 +197,7 @@ def test_hook_demo_reports_s3_uri_clearly(tmp_path: Path) -> None:
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_main_demo(runs: dict[str, Run]) -> None:
     run = runs["demo"]
     stdout = run.check()

@@ -151,6 +151,7 @@ def test_s3_outage_mid_run_loses_no_step(outage_server, caplog):
         assert trial.tensor("gradient/Sequential_0.weight").value(step).shape == (8, 4)
 
 
+@pytest.mark.slow
 def test_s3_that_never_comes_back_leaves_files_and_the_command(outage_server, caplog, tmp_path):
     uri = "s3://outage/gone"
     model = make_model()
