@@ -259,11 +259,12 @@ class Collection:
         return f"<Collection {self.name}: include_regex={self._include_regex}, tensor_names={sorted(self._tensor_names)[:5]}>"
 
 
-def _written_save_config(name: str, params: Any) -> SaveConfig:
+def _written_save_config(name: str, params: Any) -> SaveConfig | None:
     """A collection's save config as a collections file holds it. Hooks check save configs
     when they are set; a file written elsewhere (smdebug accepted end_step == start_step) may
     hold one mltrace would refuse, which must not make the trial unreadable: reading needs no
-    save config, so such a one is replaced by the default, with a warning."""
+    save config, so such a one is replaced by the default, with a warning. None when the file
+    holds none (the collection then inherits the hook's)."""
     try:
         return SaveConfig.from_dict(params)
     except MltraceValueError as exc:
@@ -362,11 +363,11 @@ class PendingCollections:
         """A pending collection (created if missing and ``create``)."""
         return self._manager.get(name, create)
 
-    def of(self, hook: Any, hook_type: type, name: str, create: bool = True) -> Collection:
+    def of(self, hook: Any, hook_type: type[Any], name: str, create: bool = True) -> Collection:
         """What an adapter's module-level ``get_collection(name)`` returns: the collection of
         ``hook`` while it is an open hook of the adapter (``hook_type``), else the pending one."""
         if isinstance(hook, hook_type) and not hook.closed:
-            return hook.get_collection(name, create)  # type: ignore[no-any-return]
+            return hook.get_collection(name, create)
         return self.get(name, create)
 
     def take(self) -> CollectionManager:

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 from mltrace.exceptions import MltraceAttributeError, MltraceValueError
 from mltrace.modes import ALLOWED_MODES, ModeKeys, mode_from
 
 DEFAULT_SAVE_INTERVAL = 500
 
+@overload
+def _as_int(name: str, value: Any, minimum: int | None = None, allow_none: Literal[False] = False) -> int: ...
+@overload
+def _as_int(name: str, value: Any, minimum: int | None = None, *, allow_none: bool) -> int | None: ...
 def _as_int(name: str, value: Any, minimum: int | None = None, allow_none: bool = False) -> int | None:
     """Coerce ``value`` (an int or a decimal string, as smdebug's JSON allows) or raise clearly."""
     if value is None and allow_none:
@@ -40,7 +44,7 @@ def _as_steps(value: Any) -> list[int]:
     # bytes and dicts are iterable, but their items are not the steps the user meant.
     if not isinstance(value, Iterable) or isinstance(value, (bytes, bytearray, Mapping)):
         raise MltraceValueError(f"save_steps={value!r} must be a list of steps, e.g. [0, 10, 20]")
-    return sorted({int(_as_int("save_steps entry", v, minimum=0)) for v in value})  # type: ignore[arg-type]
+    return sorted({int(_as_int("save_steps entry", v, minimum=0)) for v in value})
 
 
 def name_list(what: str, value: Any, kind: str = "tensor name", example: str = "loss") -> list[str]:
@@ -95,11 +99,11 @@ class SaveConfigMode:
         when_nan: Iterable[str] | None = None,
     ) -> None:
         self.save_interval = DEFAULT_SAVE_INTERVAL if save_interval is None else save_interval
-        self._end_step = None
+        self._end_step: int | None = None
         self.start_step = 0 if start_step is None else start_step
         self.end_step = end_step
-        self.save_steps = save_steps  # type: ignore[assignment]
-        self.when_nan = when_nan  # type: ignore[assignment]
+        self.save_steps = save_steps
+        self.when_nan = when_nan
 
     _PUBLIC = ("save_interval", "start_step", "end_step", "save_steps", "when_nan")
 
@@ -191,6 +195,15 @@ class SaveConfigMode:
             out["when_nan"] = list(self.when_nan)
         return out
 
+    @overload
+    @classmethod
+    def from_dict(cls, params: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> SaveConfigMode: ...
+    @overload
+    @classmethod
+    def from_dict(cls, params: None, defaults: Mapping[str, Any] | None = None) -> None: ...
+    @overload
+    @classmethod
+    def from_dict(cls, params: Mapping[str, Any] | None, defaults: Mapping[str, Any] | None = None) -> SaveConfigMode | None: ...
     @classmethod
     def from_dict(cls, params: Mapping[str, Any] | None, defaults: Mapping[str, Any] | None = None) -> SaveConfigMode | None:
         """Build from smdebug's dict form; missing keys come from ``defaults``."""
@@ -272,7 +285,7 @@ class SaveConfig:
                     f"mode_save_configs[{mode.name}]={cfg!r} must be a SaveConfigMode or a dict"
                 )
             if when_nan and not cfg.when_nan:
-                cfg.when_nan = when_nan  # type: ignore[assignment]
+                cfg.when_nan = when_nan
             modes[mode] = cfg
         object.__setattr__(self, "mode_save_configs", modes)
 
@@ -410,10 +423,11 @@ class ReductionConfig:
         save_raw_tensor: bool = False,
         save_shape: bool = False,
     ) -> None:
-        self.reductions = reductions  # type: ignore[assignment]  # each assignment is checked
-        self.abs_reductions = abs_reductions  # type: ignore[assignment]
-        self.norms = norms  # type: ignore[assignment]
-        self.abs_norms = abs_norms  # type: ignore[assignment]
+        # each assignment is checked again by __setattr__ (which returns the same list)
+        self.reductions = self._names("reductions", reductions)
+        self.abs_reductions = self._names("abs_reductions", abs_reductions)
+        self.norms = self._names("norms", norms)
+        self.abs_norms = self._names("abs_norms", abs_norms)
         self.save_raw_tensor = save_raw_tensor
         self.save_shape = save_shape
 
@@ -426,11 +440,22 @@ class ReductionConfig:
     }
     _FLAGS = ("save_raw_tensor", "save_shape")
 
+    reductions: list[str]
+    abs_reductions: list[str]
+    norms: list[str]
+    abs_norms: list[str]
+    save_raw_tensor: bool
+    save_shape: bool
+
+    @classmethod
+    def _names(cls, field: str, value: Iterable[str] | None) -> list[str]:
+        kind, allowed = cls._LISTS[field]
+        return _check_names(kind, [] if value is None else value, allowed, field)
+
     def __setattr__(self, name: str, value: Any) -> None:
         # Attributes stay plain and public, as smdebug's, but every assignment is checked.
         if name in self._LISTS:
-            kind, allowed = self._LISTS[name]
-            value = _check_names(kind, [] if value is None else value, allowed, name)
+            value = self._names(name, value)
         elif name in self._FLAGS:
             if not isinstance(value, bool):
                 raise MltraceValueError(f"{name}={value!r} must be True or False")
@@ -491,7 +516,10 @@ class ReductionConfig:
         if not isinstance(params, Mapping):
             raise MltraceValueError(f"reduction_config must be a dict, got {params!r}")
         tokens = str(params.get("reductions") or "") + "," + (extra or "")
-        red, abs_red, norms, abs_norms = [], [], [], []
+        red: list[str] = []
+        abs_red: list[str] = []
+        norms: list[str] = []
+        abs_norms: list[str] = []
         for token in (t.strip() for t in tokens.split(",")):
             if not token:
                 continue

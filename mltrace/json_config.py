@@ -82,7 +82,7 @@ def _save_config_from(layers: list[Mapping[str, Any]], where: str,
     if not any(k.split(".")[-1] in _SAVE_KEYS for layer in layers for k in layer):
         return None
     layers = [defaults or {}, *layers]
-    modes: dict[ModeKeys, SaveConfigMode] = {}
+    modes: dict[ModeKeys | str, SaveConfigMode | Mapping[str, Any]] = {}  # SaveConfig's parameter type
     for prefix, mode in _MODE_PREFIXES.items():
         values: dict[str, Any] = {}
         sources: dict[str, str] = {}

@@ -194,7 +194,7 @@ class TensorBoardWriter:
             if isinstance(item, tuple) and item[0] is _FLUSH:
                 self._write_out()
                 item[1].set()
-            elif item is not None:
+            elif isinstance(item, tuple):  # an add_* item (None: the get timed out)
                 self._encode(item)
             if time.monotonic() >= next_flush:
                 self._write_out()
@@ -226,8 +226,8 @@ class TensorBoardWriter:
             self._write_mode(mode)
 
     def _new_file_key(self, mode: ModeKeys) -> str:
-        name = "events.out.tfevents.%010d.%s.%s.%s" % (
-            time.time(), socket.gethostname(), os.getpid(), next(_file_counter))
+        name = (f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}."
+                f"{next(_file_counter)}")
         folder = mode.name if self.worker is None else f"{mode.name}/{self.worker}"
         return f"{folder}/{name}"
 

@@ -33,6 +33,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -168,7 +169,7 @@ class TrialWriter:
             with self._spill_lock:
                 self._spill(files)
 
-    def _spill(self, files: list[tuple[str, bytes | None]]) -> None:
+    def _spill(self, files: Sequence[tuple[str, bytes | None]]) -> None:
         assert self.spill is not None
         if not self._outage_logged:
             self._outage_logged = True
@@ -205,7 +206,7 @@ class TrialWriter:
                     outcome = self._write_one(key, data)
                     if outcome == _SPILL:
                         with self._spill_lock:
-                            self._spill(item[i:])  # type: ignore[index]
+                            self._spill(item[i:])
                     if outcome != _WRITTEN:
                         break  # an index file never goes without the events file before it
             except Exception as exc:  # the thread must live on: later files and flush() wait on it
@@ -233,12 +234,12 @@ class TrialWriter:
                            self.worker)
         return steps
 
-    def _replacing_earlier(self, files: list[tuple[str, bytes]]) -> list[tuple[str, bytes | None]]:
+    def _replacing_earlier(self, files: list[tuple[str, bytes]]) -> Sequence[tuple[str, bytes | None]]:
         """``files``, led by the removal (None) of the earlier run's index file when they are an
         events file and an index file that replace a step of that run."""
         parsed = paths.parse_index_key(files[-1][0]) if len(files) > 1 else None
         if parsed is None or not self._earlier_steps or parsed[0] not in self._earlier_steps:
-            return files  # type: ignore[return-value]
+            return files
         self._earlier_steps.discard(parsed[0])
         return [(files[-1][0], None), *files]
 

@@ -68,7 +68,7 @@ class HookOptions:
                 "include_collections", self.include_collections, "collection name", "weights")
         self.dry_run, self.strict, self.save_all = bool(self.dry_run), bool(self.strict), bool(self.save_all)
         if self.mlflow and "mlflow" not in self.sinks:
-            self.sinks["mlflow"] = {} if self.mlflow is True else dict(self.mlflow)  # type: ignore[arg-type]
+            self.sinks["mlflow"] = {} if self.mlflow is True else dict(self.mlflow)
 
     def hook_save_config(self, default: SaveConfig | None) -> SaveConfig:
         """The hook's SaveConfig: the one given, else the adapter's default, else smdebug's."""

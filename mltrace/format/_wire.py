@@ -63,7 +63,7 @@ def varint_field(field: int, value: int) -> bytes:
     return key(field, VARINT) + varint(value)
 
 
-def read_varint(data: memoryview, pos: int) -> tuple[int, int]:
+def read_varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
     """Decode a varint at ``pos``; return (value, next position)."""
     result = shift = 0
     while True:
@@ -84,7 +84,7 @@ def signed64(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
-def fields(data: bytes | memoryview) -> Iterator[tuple[int, int, object]]:
+def fields(data: bytes | memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
     """Yield ``(field_number, wire_type, value)`` for each field of a message.
 
     The value is an int for varints, a memoryview for length-delimited fields, and the raw

@@ -179,7 +179,7 @@ def _decode_histogram(data: memoryview) -> dict[str, object]:
             key = "bucket_limit" if f == 6 else "bucket"
             if len(v) % 8:  # type: ignore[arg-type]
                 raise w.WireError(f"histogram {key} is not whole doubles")
-            out[key] = np.frombuffer(bytes(v), dtype="<f8").tolist()  # type: ignore[arg-type]
+            out[key] = np.frombuffer(bytes(v), dtype="<f8").tolist()
     return out
 
 
@@ -202,7 +202,7 @@ def _decode_value(data: memoryview) -> DecodedValue:
                         if ff == 1:
                             name = _text(fv)  # type: ignore[arg-type]
                         elif ff == 2:
-                            content = bytes(fv)  # type: ignore[arg-type]
+                            content = bytes(fv)
                     value.plugin_data[name] = content
     return value
 
@@ -219,7 +219,7 @@ def decode_event(payload: bytes | memoryview) -> DecodedEvent:
         if f == 1 and wt == w.FIXED64:
             event.wall_time = w.as_double(v)  # type: ignore[arg-type]
         elif f == 2 and wt == w.VARINT:
-            event.step = w.signed64(int(v))  # type: ignore[arg-type]
+            event.step = w.signed64(int(v))
         elif f == 3 and wt == w.LEN:
             event.file_version = _text(v)  # type: ignore[arg-type]
         elif f == 5 and wt == w.LEN:

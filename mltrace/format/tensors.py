@@ -31,7 +31,7 @@ DT_INVALID, DT_FLOAT, DT_DOUBLE, DT_INT32, DT_UINT8, DT_INT16, DT_INT8, DT_STRIN
 DT_COMPLEX64, DT_INT64, DT_BOOL = 8, 9, 10
 DT_BFLOAT16, DT_UINT16, DT_COMPLEX128, DT_HALF, DT_UINT32, DT_UINT64 = 14, 17, 18, 19, 22, 23
 
-_NUMPY_TO_DT = {
+_NUMPY_TO_DT: dict[np.dtype[Any], int] = {
     np.dtype(np.float16): DT_HALF,
     np.dtype(np.float32): DT_FLOAT,
     np.dtype(np.float64): DT_DOUBLE,
@@ -183,21 +183,21 @@ def _decode_tensor(data: bytes | memoryview) -> np.ndarray:
     typed_vals: dict[int, list[Any]] = {}
     for field, wt, value in w.fields(data):
         if field == 1 and wt == w.VARINT:
-            code = int(value)  # type: ignore[arg-type]
+            code = int(value)
         elif field == 2 and wt == w.LEN:
             for dfield, dwt, dim in w.fields(value):  # type: ignore[arg-type]
                 if dfield == 2 and dwt == w.LEN:
                     size = 0
                     for sfield, swt, sval in w.fields(dim):  # type: ignore[arg-type]
                         if sfield == 1 and swt == w.VARINT:
-                            size = w.signed64(int(sval))  # type: ignore[arg-type]
+                            size = w.signed64(int(sval))
                     if size < 0 or len(shape) >= MAX_RANK:
                         raise w.WireError(f"tensor shape {shape + [size]} is not a shape")
                     shape.append(size)
         elif field == 4 and wt == w.LEN:
-            content = bytes(value)  # type: ignore[arg-type]
+            content = bytes(value)
         elif field == 8 and wt == w.LEN:
-            strings.append(bytes(value))  # type: ignore[arg-type]
+            strings.append(bytes(value))
         elif field in (5, 6, 7, 10, 11):  # float, double, int, int64, bool *_val (packed or not)
             typed_vals.setdefault(field, []).append((wt, value))
     if code in (DT_INVALID, DT_STRING) and (strings or content is None):

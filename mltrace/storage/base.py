@@ -5,7 +5,9 @@ Keys are "/"-separated paths relative to the trial root (see mltrace.format.path
 
 from __future__ import annotations
 
+import builtins
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
 
 class Storage(ABC):
@@ -34,7 +36,8 @@ class Storage(ABC):
     def exists(self, key: str) -> bool:
         """True if ``key`` exists."""
 
-    def read_many(self, requests: list[tuple[str, int, int | None]]) -> list[bytes]:
+    # builtins.list: inside this class, ``list`` is the method above.
+    def read_many(self, requests: Sequence[tuple[str, int, int | None]]) -> builtins.list[bytes]:
         """Read several (key, start, length) ranges; remote storages fetch them in parallel."""
         return [self.read(key, start, length) for key, start, length in requests]
 

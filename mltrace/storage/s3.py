@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import logging
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -131,7 +132,7 @@ class S3Storage(Storage):
                 raise FileNotFoundError(f"s3://{self.bucket}/{self._key(key)}") from None
             raise self._explain(exc, "read", key) from exc
 
-    def read_many(self, requests: list[tuple[str, int, int | None]]) -> list[bytes]:
+    def read_many(self, requests: Sequence[tuple[str, int, int | None]]) -> list[bytes]:
         if len(requests) < 2:
             return [self.read(*r) for r in requests]
         if self._pool is None:
@@ -144,7 +145,7 @@ class S3Storage(Storage):
         if start_after:
             kwargs["StartAfter"] = self._key(start_after)
         strip = len(self.prefix) + 1 if self.prefix else 0
-        keys = []
+        keys: list[str] = []
         try:
             for page in self.client.get_paginator("list_objects_v2").paginate(**kwargs):
                 keys.extend(obj["Key"][strip:] for obj in page.get("Contents", []))
