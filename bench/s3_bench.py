@@ -347,7 +347,7 @@ def run_reader(python: str, lib: str, uri: str, how: str, runs: int, timeout: fl
 def print_table(report: dict[str, Any]) -> None:
     print(f"\nS3 benchmark on {report['env']['server']} ({report['env']['cpus']} CPUs, load "
           f"{report['env']['load_start']} -> {report['env']['load_end']})")
-    print("\n1. Write throughput (median of %d; same bytes each way)" % report["runs"])
+    print(f"\n1. Write throughput (median of {report['runs']}; same bytes each way)")
     print(f"{'workload':<9} {'files':>6} {'MB':>7} | {'way':<12} {'s':>7} {'MB/s':>8} "
           f"{'files/s':>8}")
     for name, w in report["write"].items():

@@ -29,7 +29,12 @@ from mltrace.capture.plan import SavePlan
 from mltrace.capture.stop import StopSignal
 from mltrace.collections import Collection, CollectionKeys, CollectionManager
 from mltrace.config import ReductionConfig, SaveConfig, name_list
-from mltrace.exceptions import MltraceRuntimeError, MltraceTypeError, MltraceValueError, StopTrainingRequested
+from mltrace.exceptions import (
+    MltraceRuntimeError,
+    MltraceTypeError,
+    MltraceValueError,
+    StopTrainingRequested,
+)
 from mltrace.format import SCALAR_PREFIX, paths
 from mltrace.modes import ModeKeys
 from mltrace.storage import open_storage

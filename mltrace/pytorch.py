@@ -28,14 +28,14 @@ import torch
 import torch.distributed as dist
 
 from mltrace import modes
+from mltrace.capture.adapter import Adapter, ReductionItems, as_numpy
+from mltrace.capture.errors import guarded
+from mltrace.capture.options import HookOptions
 from mltrace.collections import Collection as _CoreCollection
 from mltrace.collections import CollectionKeys, PendingCollections, manager_with_defaults
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
 from mltrace.exceptions import MltraceTypeError, MltraceValueError
 from mltrace.format.tensors import BFloat16Bits
-from mltrace.capture.adapter import Adapter, ReductionItems, as_numpy
-from mltrace.capture.errors import guarded
-from mltrace.capture.options import HookOptions
 from mltrace.hook import Hook as CoreHook
 from mltrace.hook import check_tensor_name, get_hook
 from mltrace.json_config import create_hook_from_config

@@ -353,7 +353,7 @@ def test_size_fields_claiming_exabytes_allocate_nothing() -> None:
         "strings": huge + w.len_field(8, b"a"),
         "field length": w.varint_field(1, 1) + w.key(4, w.LEN) + w.varint(1 << 62) + b"\0" * 8,
     }
-    for name, proto in cases.items():
+    for proto in cases.values():
         with bounded_memory(1 << 20), pytest.raises(w.WireError):
             decode_tensor(proto)
         tally("tensors.decode_tensor", "error")

@@ -16,7 +16,12 @@ import numpy as np
 from mltrace.capture.adapter import Adapter
 from mltrace.capture.clock import StepClock
 from mltrace.capture.plan import what_to_save
-from mltrace.collections import METRIC_COLLECTIONS, NON_REDUCTION_COLLECTIONS, SCALAR_COLLECTIONS, Collection
+from mltrace.collections import (
+    METRIC_COLLECTIONS,
+    NON_REDUCTION_COLLECTIONS,
+    SCALAR_COLLECTIONS,
+    Collection,
+)
 from mltrace.exceptions import MltraceTypeError
 from mltrace.reductions import reduction_tensor_name
 from mltrace.storage.base import Storage

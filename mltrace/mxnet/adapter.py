@@ -22,7 +22,6 @@ from mltrace.capture.adapter import Adapter, ReductionItems, as_numpy
 from mltrace.capture.errors import guarded
 from mltrace.collections import CollectionKeys
 from mltrace.exceptions import MltraceTypeError
-from mltrace.hook import Hook
 from mltrace.mxnet._reductions import reduce_on_device
 from mltrace.mxnet.collection import GRADIENT_PREFIX, TORNASOLE_INCLUDE_COLLECTIONS
 
