@@ -272,7 +272,7 @@ def test_horovod_names_the_worker_when_torch_distributed_is_not_initialized(tmp_
     with open(tmp_path / "run" / paths.collections_file_key("worker_1")) as f:
         assert json.load(f)["_meta"] == {"num_workers": 3}
     hvd.is_initialized = lambda: False
-    assert smd.Hook(out_dir=str(tmp_path / "other"))._worker_identity() == ("worker_0", 1)
+    assert smd.Hook(out_dir=str(tmp_path / "other")).adapter.worker_identity() == ("worker_0", 1)
 
 
 XGB_WORKER = """

@@ -1,4 +1,4 @@
-"""The few protobuf wire primitives mltrace needs, written by hand (DESIGN.md: no protobuf pin).
+"""The few protobuf wire primitives mltrace needs, written by hand (no protobuf dependency: its version pins were smdebug's most reported breakage; docs/format.md).
 
 Wire format facts used here: a field key is ``(field_number << 3) | wire_type`` as a varint;
 wire types 0 (varint), 1 (fixed64), 2 (length-delimited), 5 (fixed32). Python's protobuf writes

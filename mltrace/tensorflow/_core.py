@@ -5,7 +5,7 @@ hold a framework-neutral :class:`mltrace.hook.Hook` (``hook.core``) built with a
 :class:`TFAdapter` (``hook.adapter``); the adapter implements the capture core's protocol
 (mltrace.capture.adapter) and installs TensorFlow's callbacks itself.
 
-How values are captured (DESIGN: never silently drop a requested tensor):
+How values are captured (a requested tensor is never dropped silently):
 
 * Between steps (Keras callbacks, tape boundaries) the hook reads values eagerly: logs,
   variables (weights, biases, optimizer variables, variables added with ``Collection.add``).

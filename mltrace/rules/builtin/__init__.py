@@ -1,4 +1,4 @@
-"""Built-in rules with smdebug's names, parameters and defaults (reference/smdebug.md §4.7).
+"""Built-in rules with smdebug's names, parameters and defaults (smdebug 1.0.34's rule names, parameters and defaults).
 
 ``BUILTIN_RULES`` maps each name to its class; lookups are case-insensitive (``rule_class``).
 Third-party rules register through the ``mltrace.rules`` entry point group (mltrace.plugins).

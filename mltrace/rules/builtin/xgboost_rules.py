@@ -1,5 +1,5 @@
 """FeatureImportanceOverweight and TreeDepth: XGBoost rules over the XGBoost hook's tensors
-(``feature_importance/<type>/<feature>``, ``trees/<column>``; reference §5.9)."""
+(``feature_importance/<type>/<feature>``, ``trees/<column>``; smdebug 1.0.34's XGBoost rules)."""
 
 from __future__ import annotations
 
