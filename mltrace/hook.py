@@ -205,7 +205,7 @@ class Hook:
             self.end_step()
         self.prepare()
         self.clock.advance(step)
-        self.step_active = self.plan.begin(self.clock.mode, self.clock.mode_step) or bool(self.plan.nan_watch)
+        self._decide_due()
         self.step_written = False
         self.nan_watch.begin_step()
         self.outputs.begin_step(open_files=self.step_active)
@@ -215,6 +215,10 @@ class Hook:
         for name, value, collections in carried:
             self._save_tensor(name, value, collections)
         self.adapter.on_step_begin()
+
+    def _decide_due(self) -> None:
+        """Ask the save plan what is due at the current step; set the adapters' fast-path flag."""
+        self.step_active = self.plan.begin(self.clock.mode, self.clock.mode_step) or bool(self.plan.nan_watch)
 
     def end_step(self) -> None:
         """Write what the current step collected and close its files. Values saved after this and
@@ -292,12 +296,14 @@ class Hook:
         self._save_tensor(tensor_name, tensor_value, names)
 
     def _save_tensor(self, tensor_name: str, tensor_value: Any, names: list[str]) -> None:
-        added = [self.plan.add_saved(self.get_collection(cname)) for cname in names]
+        added = False
         for cname in names:
-            self.get_collection(cname).add_tensor_name(tensor_name)
+            coll = self.get_collection(cname)
+            coll.add_tensor_name(tensor_name)
+            added = self.plan.add_saved(coll) or added
         self.plan.forget(tensor_name)
-        if any(added):
-            self.step_active = self.plan.begin(self.clock.mode, self.clock.mode_step) or bool(self.plan.nan_watch)
+        if added:
+            self._decide_due()  # a collection saved from now on may be due this step
         if self.plan.prepared and self.clock.started:
             self.save_for_tensor(tensor_name, tensor_value)
 
