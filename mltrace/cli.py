@@ -1,5 +1,9 @@
 """The ``mltrace`` command. Subcommands import what they need lazily.
 
+Built in: ``info`` and ``upload-spill``. Other packages add subcommands through the
+``mltrace.commands`` entry-point group (``mltrace.plugins.commands``): the MLflow side adds
+``compare``, the TensorBoard plugin ``tensorboard``.
+
 mltrace info TRIAL_DIR      collections, tensors and steps of a trial
 mltrace compare [EXPERIMENT ...] [--filter F] [--tensor T] [--stat S]   MLflow runs side by side
 mltrace tensorboard DIR_OR_S3 [TENSORBOARD_ARGS]   TensorBoard with the mltrace tab on the trials
@@ -8,13 +12,18 @@ mltrace tensorboard DIR_OR_S3 [TENSORBOARD_ARGS]   TensorBoard with the mltrace 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from mltrace import plugins
+
 if TYPE_CHECKING:
     from mltrace.analysis import StepSpan
     from mltrace.trials import Trial
+
+logger = logging.getLogger(__name__)
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -63,24 +72,12 @@ def _events_without_index(trial: Trial) -> list[str]:
     ]
 
 
-def _compare(args: argparse.Namespace) -> int:
-    from mlflow_plugin.compare import run_cli  # MLflow only for this subcommand
-
-    return run_cli(args)
-
-
 def _upload_spill(args: argparse.Namespace) -> int:
     from mltrace.spill import upload_spill
 
     uploaded = upload_spill(args.folder)
     print(f"uploaded {uploaded} files from {args.folder}")
     return 0
-
-
-def _tensorboard(args: argparse.Namespace) -> int:
-    from tb_plugin.launch import run_cli  # TensorBoard only for this subcommand
-
-    return run_cli(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,55 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
                            help="upload files a run kept on local disk while S3 was down")
     spill.add_argument("folder", help="the spill folder named in the run's log")
     spill.set_defaults(run=_upload_spill)
-    _add_compare_arguments(sub.add_parser(
-        "compare", help="compare MLflow training runs across experiments: tensor statistics per "
-                        "step, rule findings",
-        description="Table and PNG of chosen tensor statistics per step and the rule findings of "
-                    "each MLflow training run (mltrace.trial tag) of the experiments; also logged "
-                    "to MLflow."))
-    _add_tensorboard_arguments(sub.add_parser(
-        "tensorboard", help="start TensorBoard with the mltrace tab on the trials under DIR_OR_S3",
-        description="Find mltrace trials under DIR_OR_S3 (a hook's out_dir, a folder of them, or "
-                    "s3://...) and start TensorBoard on their tensorboard/ exports, with the "
-                    "mltrace tab reading the trials. Arguments after DIR_OR_S3 go to TensorBoard, "
-                    "e.g. --port 6007 --samples_per_plugin histograms=0."))
+    for name, add_command in sorted(plugins.commands.items().items()):
+        try:
+            add_command(sub)
+        except Exception as exc:  # a broken plugin must not take the built-in commands down
+            logger.warning("mltrace command plugin %s could not add its subcommand: %s", name, exc)
     return parser
-
-
-def _add_compare_arguments(compare: argparse.ArgumentParser) -> None:
-    """The arguments of ``mltrace compare`` (mlflow_plugin.compare runs it)."""
-    compare.add_argument("experiments", nargs="*",
-                         help="experiment names (default: all experiments)")
-    compare.add_argument("--filter", default="",
-                         help="MLflow filter string, e.g. \"params.lr = '0.1'\"")
-    compare.add_argument("--run-id", action="append", default=None,
-                         help="compare these runs (repeatable)")
-    compare.add_argument("--tensor", action="append", default=None,
-                         help="tensor name or regex (repeatable; default: the losses collection)")
-    compare.add_argument("--stat", action="append", default=None,
-                         help="statistic per step: mean, std, l2, abs_max, ... (repeatable; "
-                              "default mean)")
-    compare.add_argument("--out", default="mltrace-compare",
-                         help="output folder (default ./mltrace-compare)")
-    compare.add_argument("--max-runs", type=int, default=20)
-    compare.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI")
-    compare.add_argument("--no-log", action="store_true", help="do not log the result to MLflow")
-    compare.add_argument("--log-experiment", default="mltrace-comparisons",
-                         help="experiment of the run the result is logged to (default "
-                              "mltrace-comparisons)")
-    compare.set_defaults(run=_compare)
-
-
-def _add_tensorboard_arguments(tensorboard: argparse.ArgumentParser) -> None:
-    """The arguments of ``mltrace tensorboard`` (tb_plugin.launch runs it)."""
-    tensorboard.add_argument("target", metavar="DIR_OR_S3",
-                             help="a trial (hook out_dir) or a folder of trials")
-    tensorboard.add_argument("--print-command", action="store_true",
-                             help="print the TensorBoard command and exit (put it before "
-                                  "DIR_OR_S3)")
-    tensorboard.add_argument("tensorboard_args", nargs=argparse.REMAINDER,
-                             help="arguments after DIR_OR_S3 go to TensorBoard (e.g. --port 6007)")
-    tensorboard.set_defaults(run=_tensorboard)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

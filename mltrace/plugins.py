@@ -8,6 +8,8 @@ Groups, what each name maps to, and who looks it up:
   (``rules.results.rule_listeners``)
 - ``mltrace.sinks``: name -> ``factory(hook, options) -> sink`` (``create_sink``, for
   ``Hook(mlflow=...)``)
+- ``mltrace.commands``: subcommand name -> ``add_command(subparsers)``, which adds the
+  subcommand's argparse parser with ``set_defaults(run=fn)`` (``mltrace.cli.build_parser``)
 
 A registry is a plain dict behind a small class (as MLflow's
 ``mlflow/tracking/context/registry.py``). The module that owns a built-in registers it explicitly;
@@ -23,6 +25,8 @@ mltrace's core names no plugin package: the MLflow side registers itself (setup.
         mlflow = mlflow_plugin.sink:create_sink
     mltrace.rule_listeners =
         mlflow = mlflow_plugin.rules:create_listener
+    mltrace.commands =
+        compare = mlflow_plugin.command:add_command
 """
 
 from __future__ import annotations
@@ -43,12 +47,14 @@ STORAGE_GROUP = "mltrace.storage"
 RULES_GROUP = "mltrace.rules"
 RULE_LISTENERS_GROUP = "mltrace.rule_listeners"
 SINKS_GROUP = "mltrace.sinks"
+COMMANDS_GROUP = "mltrace.commands"
 
 #: How to get each group's plugins when none is installed, for error messages.
 _INSTALL_HINTS = {
     SINKS_GROUP: "the MLflow sink comes with pip install 'mltrace[mlflow]'",
     RULE_LISTENERS_GROUP: "MLflow rule runs come with pip install 'mltrace[mlflow]'",
     STORAGE_GROUP: "s3:// is built in (pip install 'mltrace[s3]' for boto3)",
+    COMMANDS_GROUP: "compare comes with 'mltrace[mlflow]', tensorboard with 'mltrace[tensorboard]'",
 }
 
 
@@ -150,9 +156,11 @@ rules: Registry[type[Any]] = Registry(RULES_GROUP)
 rule_listeners: Registry[Callable[..., Any]] = Registry(RULE_LISTENERS_GROUP)
 #: sink name -> ``factory(hook, options) -> sink`` (see create_sink).
 sinks: Registry[Callable[[Any, dict[str, Any]], Any]] = Registry(SINKS_GROUP)
+#: subcommand name -> ``add_command(subparsers)`` (see mltrace.cli.build_parser).
+commands: Registry[Callable[[Any], None]] = Registry(COMMANDS_GROUP)
 
 REGISTRIES: dict[str, Registry[Any]] = {
-    r.group: r for r in (storage, rules, rule_listeners, sinks)
+    r.group: r for r in (storage, rules, rule_listeners, sinks, commands)
 }
 
 

@@ -50,7 +50,8 @@ def test_registries_load_the_installed_entry_points() -> None:
     assert "mlflow" in plugins.sinks.names() and "mlflow" in plugins.sinks
     assert plugins.registry("mltrace.sinks") is plugins.sinks
     assert set(plugins.REGISTRIES) == {"mltrace.storage", "mltrace.rules",
-                                       "mltrace.rule_listeners", "mltrace.sinks"}
+                                       "mltrace.rule_listeners", "mltrace.sinks",
+                                       "mltrace.commands"}
     with pytest.raises(MltraceValueError, match="mltrace.sinks"):
         plugins.registry("mltrace.sink")
 
@@ -173,3 +174,36 @@ def test_rule_from_an_entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
         rule_class("Broken")
     with pytest.raises(MltraceValueError, match="PluginRule"):
         rule_class("NoSuchRule")
+
+
+# -- CLI subcommands -------------------------------------------------------------------------------
+def add_hello_command(subparsers: Any) -> None:
+    hello = subparsers.add_parser("hello", help="a plugin's subcommand")
+    hello.add_argument("name")
+    hello.set_defaults(run=lambda args: print(f"hello {args.name}") or 0)
+
+
+def test_cli_subcommands_come_from_the_commands_group(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str],
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    from mltrace import cli
+
+    _fake_entry_points(monkeypatch, plugins.COMMANDS_GROUP, {
+        "hello": "tests.test_plugins:add_hello_command", "broken": "nope_mod:add_command"})
+    monkeypatch.setattr(plugins, "commands", Registry(plugins.COMMANDS_GROUP))
+    with caplog.at_level(logging.WARNING, logger="mltrace.plugins"):
+        assert cli.main(["hello", "world"]) == 0
+    assert capsys.readouterr().out == "hello world\n"
+    assert "nope_mod" in caplog.text  # the broken plugin is named; the built-ins still work
+    assert "info" in cli.build_parser().format_help()
+
+
+def test_installed_cli_lists_the_plugin_subcommands() -> None:
+    # The real entry points of setup.cfg: mltrace's own code names neither plugin package.
+    out = subprocess.run([sys.executable, "-m", "mltrace.cli", "--help"], check=True,
+                         capture_output=True, text=True, timeout=120).stdout
+    for command in ("info", "upload-spill", "compare", "tensorboard"):
+        assert command in out
+    cli_source = (plugins.__file__ or "").replace("plugins.py", "cli.py")
+    text = open(cli_source, encoding="utf-8").read()
+    assert "mlflow_plugin" not in text and "tb_plugin" not in text
