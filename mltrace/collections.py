@@ -337,6 +337,27 @@ class CollectionManager:
         return manager
 
 
+#: The name prefix of a parameter's gradient in the PyTorch and MXNet hooks ("gradient/<param>").
+GRADIENT_PREFIX = "gradient/"
+#: The collections TornasoleHook saved by default (weights, biases and gradients).
+TORNASOLE_INCLUDE_COLLECTIONS = [CollectionKeys.WEIGHTS, CollectionKeys.BIASES,
+                                 CollectionKeys.GRADIENTS]
+
+
+def parameter_collection_regexes(losses_regex: str) -> dict[str, list[str]]:
+    """smdebug's default collections of a framework whose hook names gradients
+    ``gradient/<param>`` (PyTorch, MXNet): {collection name: include regexes}. Only the losses
+    regex differs between the two, as it does in smdebug."""
+    return {
+        CollectionKeys.ALL: [],
+        CollectionKeys.DEFAULT: [],
+        CollectionKeys.WEIGHTS: [f"^(?!{GRADIENT_PREFIX[:-1]}).*weight"],
+        CollectionKeys.BIASES: [f"^(?!{GRADIENT_PREFIX[:-1]}).*bias"],
+        CollectionKeys.GRADIENTS: [f"^{GRADIENT_PREFIX[:-1]}"],
+        CollectionKeys.LOSSES: [losses_regex],
+    }
+
+
 def manager_with_defaults(defaults: Mapping[str, str | Iterable[str]],
                           collection_class: type[Collection] = Collection) -> CollectionManager:
     """A CollectionManager holding an adapter's default collections ({name: include regexes})."""

@@ -31,8 +31,15 @@ from mltrace import modes
 from mltrace.capture.adapter import Adapter, ReductionItems, as_numpy
 from mltrace.capture.errors import guarded
 from mltrace.capture.options import HookOptions
+from mltrace.collections import (
+    GRADIENT_PREFIX,
+    TORNASOLE_INCLUDE_COLLECTIONS,
+    CollectionKeys,
+    PendingCollections,
+    manager_with_defaults,
+    parameter_collection_regexes,
+)
 from mltrace.collections import Collection as _CoreCollection
-from mltrace.collections import CollectionKeys, PendingCollections, manager_with_defaults
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
 from mltrace.exceptions import MltraceTypeError, MltraceValueError
 from mltrace.format.tensors import BFloat16Bits
@@ -42,17 +49,8 @@ from mltrace.json_config import create_hook_from_config
 from mltrace.reductions import canonical_name
 from mltrace.trials import create_trial
 
-DEFAULT_COLLECTIONS = {
-    CollectionKeys.ALL: [],
-    CollectionKeys.DEFAULT: [],
-    CollectionKeys.WEIGHTS: ["^(?!gradient).*weight"],
-    CollectionKeys.BIASES: ["^(?!gradient).*bias"],
-    CollectionKeys.GRADIENTS: ["^gradient"],
-    CollectionKeys.LOSSES: ["[Ll]oss_(?!input).*output"],
-}
+DEFAULT_COLLECTIONS = parameter_collection_regexes("[Ll]oss_(?!input).*output")
 DEFAULT_INCLUDE_COLLECTIONS = [CollectionKeys.LOSSES]
-TORNASOLE_INCLUDE_COLLECTIONS = [CollectionKeys.WEIGHTS, CollectionKeys.BIASES, CollectionKeys.GRADIENTS]
-GRADIENT_PREFIX = "gradient/"
 
 
 class Collection(_CoreCollection):

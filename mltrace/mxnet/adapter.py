@@ -20,10 +20,9 @@ from mxnet.ndarray import NDArray
 
 from mltrace.capture.adapter import Adapter, ReductionItems, as_numpy
 from mltrace.capture.errors import guarded
-from mltrace.collections import CollectionKeys
+from mltrace.collections import GRADIENT_PREFIX, TORNASOLE_INCLUDE_COLLECTIONS, CollectionKeys
 from mltrace.exceptions import MltraceTypeError
 from mltrace.mxnet._reductions import reduce_on_device
-from mltrace.mxnet.collection import GRADIENT_PREFIX, TORNASOLE_INCLUDE_COLLECTIONS
 
 logger = logging.getLogger(__name__)
 

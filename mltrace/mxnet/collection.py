@@ -7,21 +7,16 @@ import re
 from mxnet import gluon
 
 from mltrace.collections import Collection as _CoreCollection
-from mltrace.collections import CollectionKeys, PendingCollections, manager_with_defaults
+from mltrace.collections import (
+    CollectionKeys,
+    PendingCollections,
+    manager_with_defaults,
+    parameter_collection_regexes,
+)
 from mltrace.exceptions import MltraceTypeError
 
-DEFAULT_COLLECTIONS = {
-    CollectionKeys.ALL: [],
-    CollectionKeys.DEFAULT: [],
-    CollectionKeys.WEIGHTS: ["^(?!gradient).*weight"],
-    CollectionKeys.BIASES: ["^(?!gradient).*bias"],
-    CollectionKeys.GRADIENTS: ["^gradient"],
-    CollectionKeys.LOSSES: [".*loss._(?!input).*output"],
-}
+DEFAULT_COLLECTIONS = parameter_collection_regexes(".*loss._(?!input).*output")
 DEFAULT_INCLUDE_COLLECTIONS = [CollectionKeys.LOSSES]
-TORNASOLE_INCLUDE_COLLECTIONS = [
-    CollectionKeys.WEIGHTS, CollectionKeys.BIASES, CollectionKeys.GRADIENTS]
-GRADIENT_PREFIX = "gradient/"
 
 
 class Collection(_CoreCollection):

@@ -33,6 +33,7 @@ from mxnet import gluon
 
 from mltrace.capture.errors import guarded
 from mltrace.capture.options import HookOptions
+from mltrace.collections import TORNASOLE_INCLUDE_COLLECTIONS
 from mltrace.config import ReductionConfig
 from mltrace.hook import Hook as CoreHook
 from mltrace.hook import get_hook
@@ -40,7 +41,6 @@ from mltrace.json_config import create_hook_from_config
 from mltrace.mxnet.adapter import GluonAdapter
 from mltrace.mxnet.collection import (
     DEFAULT_INCLUDE_COLLECTIONS,
-    TORNASOLE_INCLUDE_COLLECTIONS,
     Collection,
     pending,
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from mltrace.rules.builtin._params import as_float, as_names, as_range, as_regex_list
 from mltrace.rules.builtin._reading import TensorSelection, units_fraction, value_at
@@ -17,7 +18,39 @@ def _percentages(name: str, inactivity: Any, layer: Any) -> tuple[float, float]:
             as_float(name, "threshold_layer", layer, 0, 100))
 
 
-class DeadRelu(Rule):
+class _UnitActivityRule(Rule):
+    """A rule that fires when more than ``threshold_layer`` percent of a layer's units are active
+    in fewer than ``threshold_inactivity`` percent of the samples; subclasses say what "active"
+    means and how to word the finding."""
+
+    threshold_inactivity: float
+    threshold_layer: float
+    _selection: TensorSelection
+
+    def _active(self, tensor_name: str, value: NDArray[Any]) -> NDArray[np.bool_]:
+        """Where the units of ``value`` are active (same shape as ``value``)."""
+        raise NotImplementedError
+
+    def _finding(self, tensor_name: str, share: float, units: int, step: int) -> str:
+        """The message for ``share`` percent of ``units`` units being inactive at ``step``."""
+        raise NotImplementedError
+
+    def invoke_at_step(self, step: int) -> bool:
+        for tensor in self._selection.tensors(self.base_trial):
+            value = value_at(tensor, step)
+            if value is None or np.asarray(value).dtype.kind not in "biuf":
+                continue
+            activity = units_fraction(self._active(tensor.name, np.asarray(value)))
+            if activity is None:
+                continue
+            share = 100.0 * float(np.mean(100.0 * activity < self.threshold_inactivity))
+            if share > self.threshold_layer:
+                self.last_message = self._finding(tensor.name, share, activity.size, step)
+                return True
+        return False
+
+
+class DeadRelu(_UnitActivityRule):
     """Fires when more than ``threshold_layer`` percent of a ReLU layer's units are dead: active
     (output > 0) in fewer than ``threshold_inactivity`` percent of the samples.
 
@@ -48,25 +81,16 @@ class DeadRelu(Rule):
                                               optional_collections=("relu_output",),
                                               fallback_regex=[".*relu_output"])
 
-    def invoke_at_step(self, step: int) -> bool:
-        for tensor in self._selection.tensors(self.base_trial):
-            value = value_at(tensor, step)
-            if value is None or np.asarray(value).dtype.kind not in "biuf":
-                continue
-            activity = units_fraction(np.asarray(value) > 0)
-            if activity is None:
-                continue
-            dead = 100.0 * float(np.mean(100.0 * activity < self.threshold_inactivity))
-            if dead > self.threshold_layer:
-                self.last_message = (
-                    f"{tensor.name}: {dead:.3g}% of {activity.size} units are dead at step {step} "
-                    f"(active in < {self.threshold_inactivity:g}% of samples; "
-                    f"threshold_layer {self.threshold_layer:g}%)")
-                return True
-        return False
+    def _active(self, tensor_name: str, value: NDArray[Any]) -> NDArray[np.bool_]:
+        return value > 0
+
+    def _finding(self, tensor_name: str, share: float, units: int, step: int) -> str:
+        return (f"{tensor_name}: {share:.3g}% of {units} units are dead at step {step} "
+                f"(active in < {self.threshold_inactivity:g}% of samples; "
+                f"threshold_layer {self.threshold_layer:g}%)")
 
 
-class SaturatedActivation(Rule):
+class SaturatedActivation(_UnitActivityRule):
     """Fires when more than ``threshold_layer`` percent of a tanh or sigmoid layer's units are
     saturated: their input lies inside the non-saturated range in fewer than
     ``threshold_inactivity`` percent of the samples.
@@ -105,22 +129,16 @@ class SaturatedActivation(Rule):
         self._selection = TensorSelection(name, self.collection_names, self.tensor_regex)
         self._selection.check(base_trial)
 
-    def invoke_at_step(self, step: int) -> bool:
-        for tensor in self._selection.tensors(self.base_trial):
-            value = value_at(tensor, step)
-            if value is None or np.asarray(value).dtype.kind not in "biuf":
-                continue
-            sigmoid = "sigmoid" in tensor.name.lower()
-            low, high = self.threshold_sigmoid if sigmoid else self.threshold_tanh
-            arr = np.asarray(value, dtype=np.float64)
-            activity = units_fraction((arr > low) & (arr < high))
-            if activity is None:
-                continue
-            saturated = 100.0 * float(np.mean(100.0 * activity < self.threshold_inactivity))
-            if saturated > self.threshold_layer:
-                self.last_message = (
-                    f"{tensor.name}: {saturated:.3g}% of {activity.size} units are saturated at "
-                    f"step {step} (input outside ({low:g}, {high:g}) in > "
-                    f"{100 - self.threshold_inactivity:g}% of samples)")
-                return True
-        return False
+    def _range(self, tensor_name: str) -> tuple[float, float]:
+        return self.threshold_sigmoid if "sigmoid" in tensor_name.lower() else self.threshold_tanh
+
+    def _active(self, tensor_name: str, value: NDArray[Any]) -> NDArray[np.bool_]:
+        low, high = self._range(tensor_name)
+        arr = value.astype(np.float64)
+        return (arr > low) & (arr < high)
+
+    def _finding(self, tensor_name: str, share: float, units: int, step: int) -> str:
+        low, high = self._range(tensor_name)
+        return (f"{tensor_name}: {share:.3g}% of {units} units are saturated at step {step} "
+                f"(input outside ({low:g}, {high:g}) in > "
+                f"{100 - self.threshold_inactivity:g}% of samples)")
