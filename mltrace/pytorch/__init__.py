@@ -1,0 +1,160 @@
+"""PyTorch adapter: ``Hook`` for ``nn.Module`` training loops, with smdebug's names and defaults.
+
+Tensor names (as smdebug's PyTorch hook): parameters ``<RootClass>_<param path>`` (saved at the
+start of each step, before the update), gradients ``gradient/<RootClass>_<param path>``, module
+inputs/outputs ``<module path>_input_<i>`` / ``<module path>_output_<i>`` (the root module by its
+class name), losses ``<LossClass>_output_0``.
+
+Distributed jobs (torch.distributed, or Horovod): each process is ``worker_<rank>``. With
+``include_workers="all"`` every worker writes its own files and the trial's ``num_workers`` is the
+world size; with "one" (the default) only worker_0 writes. Gradients are the worker's own, as the
+gradient hook receives them before DistributedDataParallel averages them (smdebug saved the same).
+
+Example:
+    >>> import mltrace.pytorch as smd
+    >>> hook = smd.Hook(out_dir="/tmp/run", save_config=smd.SaveConfig(save_interval=10),
+    ...                 include_collections=["weights", "gradients", "losses"])
+    >>> hook.register_module(model); hook.register_loss(loss_fn)
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from mltrace import modes
+from mltrace.capture.errors import guarded
+from mltrace.capture.options import HookOptions
+from mltrace.collections import (
+    GRADIENT_PREFIX,
+    TORNASOLE_INCLUDE_COLLECTIONS,
+    CollectionKeys,
+    PendingCollections,
+    manager_with_defaults,
+    parameter_collection_regexes,
+)
+from mltrace.collections import Collection as _CoreCollection
+from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
+from mltrace.exceptions import MltraceTypeError
+from mltrace.hook import Hook as CoreHook
+from mltrace.hook import check_tensor_name, get_hook
+from mltrace.json_config import create_hook_from_config
+from mltrace.pytorch.adapter import TorchAdapter
+from mltrace.pytorch.reductions import torch_reductions
+from mltrace.trials import create_trial
+
+DEFAULT_COLLECTIONS = parameter_collection_regexes("[Ll]oss_(?!input).*output")
+DEFAULT_INCLUDE_COLLECTIONS = [CollectionKeys.LOSSES]
+
+
+class Collection(_CoreCollection):
+    """A collection that can also hold a module's inputs and outputs."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._modules: dict[torch.nn.Module, tuple[bool, bool]] = {}
+
+    def add_module_tensors(self, module: torch.nn.Module, inputs: bool = False, outputs: bool = True) -> None:
+        """Save ``module``'s inputs and/or outputs with this collection (names are resolved when
+        the hook registers the model, so this may be called before the hook exists)."""
+        if not isinstance(module, torch.nn.Module):
+            raise MltraceTypeError(f"add_module_tensors needs a torch.nn.Module, got {type(module).__name__}")
+        self._modules[module] = (inputs, outputs)
+
+    @property
+    def modules(self) -> dict[torch.nn.Module, tuple[bool, bool]]:
+        """Modules added with add_module_tensors, with their (inputs, outputs) flags."""
+        return self._modules
+
+
+# Collections made with smd.get_collection(...) before a hook exists (seed 000 does this) land
+# here and are handed to the next hook created.
+_pending = PendingCollections(lambda: manager_with_defaults(DEFAULT_COLLECTIONS, Collection))
+
+
+def get_collection(name: str, create: bool = True) -> Collection:
+    """The collection ``name`` of the current hook, or of the hook about to be created."""
+    return _pending.of(get_hook(), Hook, name, create)  # type: ignore[return-value]
+
+
+def add_to_collection(collection_name: str, args: Any) -> None:
+    """Add tensor names (or regexes) to a collection, as smdebug's module-level helper."""
+    get_collection(collection_name).include(args)
+
+class Hook(CoreHook):
+    """Saves weights, biases, gradients, losses and module inputs/outputs of a PyTorch model.
+
+    Args: smdebug's constructor (each is described in mltrace.capture.options.HookOptions),
+    plus ``saveall`` (Tornasole's spelling of ``save_all``).
+
+    When a rule's StopTraining action fires, the next forward pass of the registered model
+    closes the trial and raises mltrace.exceptions.StopTrainingRequested: catch it around your
+    loop to end training cleanly (``hook.stop_requested`` says the same without raising).
+    """
+
+    _default_include = DEFAULT_INCLUDE_COLLECTIONS
+
+    def __init__(
+        self,
+        out_dir: str | None = None,
+        export_tensorboard: bool = False,
+        tensorboard_dir: str | None = None,
+        dry_run: bool = False,
+        reduction_config: ReductionConfig | None = None,
+        save_config: Any = None,
+        include_regex: str | Iterable[str] | None = None,
+        include_collections: Iterable[str] | None = None,
+        save_all: bool = False,
+        include_workers: str = "one",
+        strict: bool = False,
+        saveall: bool | None = None,
+        mlflow: bool | dict[str, Any] | None = None,
+        stop_check_interval: float | None = None,
+    ) -> None:
+        options = HookOptions(
+            out_dir or "", export_tensorboard, tensorboard_dir, dry_run, reduction_config, save_config,
+            include_regex, include_collections, bool(save_all or saveall), include_workers, strict,
+            mlflow, stop_check_interval)
+        self.torch = TorchAdapter()
+        super().__init__(options, self.torch, collection_manager=_pending.take(),
+                         default_include_collections=self._default_include,
+                         default_saved_collections=DEFAULT_INCLUDE_COLLECTIONS)
+
+    @classmethod
+    def create_from_json_file(cls, json_file_path: str | None = None) -> Hook:
+        """Build a hook from smdebug's JSON configuration (see mltrace.json_config)."""
+        return create_hook_from_config(cls, json_file_path)
+
+    @guarded(user_facing=True)
+    def register_module(self, module: torch.nn.Module) -> None:
+        """Attach the hook to a model: step boundaries, parameters, gradients, module I/O."""
+        self.torch.register_module(module)
+
+    register_hook = register_module  # Tornasole's name
+
+    @guarded(user_facing=True)
+    def register_loss(self, loss_module: torch.nn.Module) -> None:
+        """Save the output of a loss module as ``<LossClass>_output_0`` (collection losses)."""
+        self.torch.register_loss(loss_module)
+
+    @guarded(user_facing=True)
+    def record_tensor_value(self, tensor_name: str, tensor_value: torch.Tensor) -> None:
+        """Save a value computed outside a module (a functional loss) as ``<name>_output_0``."""
+        check_tensor_name(tensor_name, "record_tensor_value name")
+        if not isinstance(tensor_value, torch.Tensor):
+            raise MltraceTypeError(f"record_tensor_value({tensor_name!r}) needs a torch.Tensor")
+        if self.step_active:
+            self.torch.save_io(tensor_name, "_output_", tensor_value)
+
+class TornasoleHook(Hook):
+    """Seed 000's Tornasole hook: saves weights, biases and gradients when no collection is named."""
+
+    _default_include = TORNASOLE_INCLUDE_COLLECTIONS
+
+
+__all__ = [
+    "Hook", "TornasoleHook", "Collection", "SaveConfig", "SaveConfigMode", "ReductionConfig", "modes",
+    "get_collection", "add_to_collection", "get_hook", "create_trial", "TorchAdapter",
+    "torch_reductions", "GRADIENT_PREFIX",
+]
