@@ -28,6 +28,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,7 +70,24 @@ def run_job(out_dir: str, capture_dir: str, world_size: int, steps: int = 3,
     Raises:
         RuntimeError: a rank failed or the job ran past ``timeout`` (its output is in the message).
     """
-    os.makedirs(capture_dir, exist_ok=True)
+    launch_ranks(
+        lambda rank: [python, HERE, out_dir, os.path.join(capture_dir, f"rank{rank}.npz"),
+                      "--steps", str(steps), "--include-workers", include_workers,
+                      "--register", register],
+        world_size, capture_dir, env, timeout)
+    return [_load(os.path.join(capture_dir, f"rank{r}.npz"), r) for r in range(world_size)]
+
+
+def launch_ranks(command: Callable[[int], list[str]], world_size: int, log_dir: str,
+                 env: dict[str, str] | None = None, timeout: float = 120.0) -> None:
+    """Run ``command(rank)`` for every rank at once, as torchrun would (RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT on loopback), each logging to ``log_dir/rank<r>.log``.
+
+    Raises:
+        RuntimeError: a rank failed or ran past ``timeout`` (the failed ranks' output is in the
+            message); every process started here has ended by then.
+    """
+    os.makedirs(log_dir, exist_ok=True)
     base = dict(os.environ if env is None else env)
     base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world_size),
                 OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
@@ -78,10 +96,8 @@ def run_job(out_dir: str, capture_dir: str, world_size: int, steps: int = 3,
         base.setdefault("GLOO_SOCKET_IFNAME", "lo")
     procs = []
     for rank in range(world_size):
-        cmd = [python, HERE, out_dir, os.path.join(capture_dir, f"rank{rank}.npz"),
-               "--steps", str(steps), "--include-workers", include_workers, "--register", register]
-        log = open(os.path.join(capture_dir, f"rank{rank}.log"), "wb")
-        procs.append((subprocess.Popen(cmd, env=dict(base, RANK=str(rank)), stdout=log,
+        log = open(os.path.join(log_dir, f"rank{rank}.log"), "wb")
+        procs.append((subprocess.Popen(command(rank), env=dict(base, RANK=str(rank)), stdout=log,
                                        stderr=subprocess.STDOUT), log))
     failed = []
     try:
@@ -99,10 +115,9 @@ def run_job(out_dir: str, capture_dir: str, world_size: int, steps: int = 3,
                 proc.kill()
                 proc.wait()
     if failed:
-        logs = "\n".join(f"--- rank {r} ---\n" + _tail(os.path.join(capture_dir, f"rank{r}.log"))
+        logs = "\n".join(f"--- rank {r} ---\n" + _tail(os.path.join(log_dir, f"rank{r}.log"))
                          for r in sorted(set(failed)))
-        raise RuntimeError(f"ranks {sorted(set(failed))} of the DDP job failed:\n{logs}")
-    return [_load(os.path.join(capture_dir, f"rank{r}.npz"), r) for r in range(world_size)]
+        raise RuntimeError(f"ranks {sorted(set(failed))} of the job failed:\n{logs}")
 
 
 def _tail(path: str, n: int = 4000) -> str:

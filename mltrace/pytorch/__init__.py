@@ -111,12 +111,13 @@ class Hook(CoreHook):
         saveall: bool | None = None,
         mlflow: bool | dict[str, Any] | None = None,
         stop_check_interval: float | None = None,
+        step_boundary: str = "forward",
     ) -> None:
         options = HookOptions(
             out_dir or "", export_tensorboard, tensorboard_dir, dry_run, reduction_config, save_config,
             include_regex, include_collections, bool(save_all or saveall), include_workers, strict,
             mlflow, stop_check_interval)
-        self.torch = TorchAdapter()
+        self.torch = TorchAdapter(step_boundary)
         super().__init__(options, self.torch, collection_manager=_pending.take(),
                          default_include_collections=self._default_include,
                          default_saved_collections=DEFAULT_INCLUDE_COLLECTIONS)
@@ -137,6 +138,13 @@ class Hook(CoreHook):
     def register_loss(self, loss_module: torch.nn.Module) -> None:
         """Save the output of a loss module as ``<LossClass>_output_0`` (collection losses)."""
         self.torch.register_loss(loss_module)
+
+    @guarded(user_facing=True)
+    def register_grad_scaler(self, scaler: Any) -> None:
+        """Save gradients unscaled: the hook divides them by ``scaler``'s loss scale, records
+        the scale (``GradScaler_scale``) and marks optimizer steps the scaler skipped because of
+        inf or NaN gradients (``GradScaler_step_skipped``), in collection ``grad_scaler``."""
+        self.torch.register_grad_scaler(scaler)
 
     @guarded(user_facing=True)
     def record_tensor_value(self, tensor_name: str, tensor_value: torch.Tensor) -> None:

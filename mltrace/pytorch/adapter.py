@@ -3,7 +3,10 @@ copies and on-device reductions of torch tensors (see mltrace.capture.adapter fo
 
 from __future__ import annotations
 
+import logging
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -12,14 +15,43 @@ import torch.distributed as dist
 
 from mltrace.capture.adapter import Adapter, ReductionItems, as_numpy
 from mltrace.capture.errors import guarded
+from mltrace.capture.plan import what_to_save
 from mltrace.collections import GRADIENT_PREFIX
 from mltrace.exceptions import MltraceTypeError, MltraceValueError
 from mltrace.format.tensors import BFloat16Bits
 from mltrace.hook import check_tensor_name
+from mltrace.modes import ModeKeys
+from mltrace.pytorch.compiled import (
+    TracedIO,
+    class_name,
+    compiling,
+    detached,
+    eager_only,
+    in_backward,
+    unwrap,
+)
+from mltrace.pytorch.optim import OptimizerSteps, ScalerWatch
 from mltrace.pytorch.reductions import QUANTILE_LIMIT, torch_reductions
+from mltrace.pytorch.sharded import gather_full, is_sharded, sharded_reductions
 
 if TYPE_CHECKING:
     from mltrace.hook import Hook
+
+logger = logging.getLogger(__name__)
+
+#: ``forward``: a step per forward pass of the registered model (smdebug's); ``optimizer``: a
+#: TRAIN step per optimizer step, for gradient accumulation.
+STEP_BOUNDARIES = ("forward", "optimizer")
+
+
+@dataclass(frozen=True)
+class Reduced:
+    """A sharded tensor's reductions, combined across ranks, standing in for the tensor when
+    only reductions of it are saved (the full tensor is never gathered)."""
+
+    shape: tuple[int, ...]
+    items: ReductionItems
+    results: list[np.ndarray | None]
 
 
 class TorchAdapter(Adapter):
@@ -29,9 +61,21 @@ class TorchAdapter(Adapter):
 
     hook: Hook | None
 
-    def __init__(self) -> None:
+    def __init__(self, step_boundary: str = "forward") -> None:
         super().__init__()
-        self.modules: list[torch.nn.Module] = []
+        if step_boundary not in STEP_BOUNDARIES:
+            raise MltraceValueError(
+                f"step_boundary={step_boundary!r}: use \"forward\" (a step per forward pass of the "
+                "registered model, smdebug's) or \"optimizer\" (a step per optimizer step, for "
+                "gradient accumulation)")
+        self.step_boundary = step_boundary
+        self.modules: list[torch.nn.Module] = []  # the registered models (unwrapped)
+        self.entries: list[torch.nn.Module] = []  # what the script calls (maybe compiled)
+        self.traced = TracedIO()
+        self.optimizer_steps = OptimizerSteps(self._after_optimizer_step)
+        self.scaler: ScalerWatch | None = None
+        self._boundary_at = -1  # optimizer steps counted when the current step began
+        self._grad_scale: float | None = None  # the loss scale, read once per step
         self.names: dict[int, str] = {}  # id(module) -> its tensor-name prefix
         self._owned: list[torch.nn.Module] = []  # keeps ids in ``names`` from being reused
         self._handles: list[Any] = []
@@ -50,8 +94,12 @@ class TorchAdapter(Adapter):
 
     def to_numpy(self, value: Any) -> np.ndarray:
         """A host copy of a torch tensor (bfloat16 as its bits); other values as numpy."""
+        if isinstance(value, Reduced):
+            raise MltraceTypeError("only reductions of this sharded tensor were gathered")
         if not isinstance(value, torch.Tensor):
             return as_numpy(value)
+        if is_sharded(value):
+            value = value.full_tensor()  # type: ignore[attr-defined]  # a collective: every rank
         if value.dtype == torch.bfloat16:
             return value.detach().cpu().view(torch.uint16).numpy().view(BFloat16Bits)
         try:
@@ -61,14 +109,30 @@ class TorchAdapter(Adapter):
                 f"cannot save a tensor of dtype {value.dtype}: {exc} (numpy has no such dtype; "
                 "save a converted copy: tensor.float(), or tensor.dequantize() if quantized)"
             ) from exc
+        except RuntimeError as exc:  # a tensor subclass torch cannot copy to numpy
+            raise MltraceTypeError(
+                f"cannot save a {type(value).__name__} (a torch.Tensor subclass): {exc}; save a "
+                "plain copy with hook.save_tensor(name, t.as_subclass(torch.Tensor)) or convert it "
+                "the way its library documents") from exc
 
     def reduce(self, value: Any, items: ReductionItems) -> list[np.ndarray | None]:
         """Reductions on the tensor's device, one device-to-host copy per tensor."""
+        if isinstance(value, Reduced):
+            if list(value.items) != list(items):
+                raise MltraceValueError("reductions asked for differ from those combined across ranks")
+            return value.results
         # Complex tensors and huge medians take numpy's path on the host.
         big_median = any(n == "median" for n, _ in items) and getattr(value, "numel", lambda: 0)() > QUANTILE_LIMIT
         if not isinstance(value, torch.Tensor) or value.is_complex() or big_median:
             return super().reduce(value, items)
-        return torch_reductions(value, items)
+        try:
+            return torch_reductions(value, items)
+        except (RuntimeError, TypeError) as exc:
+            if type(value) in (torch.Tensor, torch.nn.Parameter):
+                raise
+            raise MltraceTypeError(
+                f"cannot reduce a {type(value).__name__} (a torch.Tensor subclass): {exc}; save a "
+                "plain copy with hook.save_tensor(name, t.as_subclass(torch.Tensor))") from exc
 
     def on_prepare(self) -> None:
         """Turn modules added with Collection.add_module_tensors into regexes of their names."""
@@ -96,29 +160,48 @@ class TorchAdapter(Adapter):
 
     # -- attaching to PyTorch ---------------------------------------------------------------------
     def register_module(self, module: torch.nn.Module) -> None:
-        """Attach to a model: step boundaries, parameters, gradients, module I/O."""
+        """Attach to a model: step boundaries, parameters, gradients, module I/O. ``module`` may
+        be the model or what ``torch.compile`` returned for it; names are the model's either way."""
         if not isinstance(module, torch.nn.Module):
             raise MltraceTypeError(f"register_module needs a torch.nn.Module, got {type(module).__name__}")
-        if any(module is m for m in self.modules):
+        inner = unwrap(module)
+        if any(inner is m for m in self.modules):
             raise MltraceValueError("this module is already registered with the hook; register it once")
-        root = type(module).__name__  # what torch prints as the module's name
-        named = list(module.named_modules())
+        root = class_name(inner)  # what torch prints as the module's name
+        named = list(inner.named_modules())
         for name, _ in named:  # torch allows names no trial can store (lone surrogates)
             if name:
                 check_tensor_name(name, "module name")
         for name, sub in named:
             self._name(sub, name)
-        self._name(module, root)
-        self.modules.append(module)
-        module.register_forward_pre_hook(self._forward_pre_hook)
-        self._install_tensor_hooks(module)
+        self._name(inner, root)
+        self.modules.append(inner)
+        self.entries.append(module)
+        if self.step_boundary == "optimizer":
+            self.optimizer_steps.install()
+        # The step boundary runs where the script calls the model, outside any compiled region.
+        module.register_forward_pre_hook(eager_only(self._forward_pre_hook))
+        module.register_forward_hook(eager_only(self._after_forward))
+        self._install_tensor_hooks(inner)
 
     def register_loss(self, loss_module: torch.nn.Module) -> None:
         """Save the output of a loss module as ``<LossClass>_output_0``."""
         if not isinstance(loss_module, torch.nn.Module):
             raise MltraceTypeError(f"register_loss needs a loss module, got {type(loss_module).__name__}")
-        self._name(loss_module, type(loss_module).__name__)
-        loss_module.register_forward_hook(self._forward_hook)
+        inner = unwrap(loss_module)
+        name = class_name(inner)
+        self._name(inner, name)
+        inner.register_forward_hook(self._io_hook(name))
+
+    def register_grad_scaler(self, scaler: Any) -> None:
+        """Learn the loss scale of ``scaler`` (see mltrace.pytorch.optim.ScalerWatch)."""
+        if self.scaler is not None:
+            raise MltraceValueError("a GradScaler is already registered with the hook; register one")
+        self.optimizer_steps.install()
+        try:
+            self.scaler = ScalerWatch(scaler, self.optimizer_steps, self._after_scaler_step)
+        except TypeError as exc:
+            raise MltraceTypeError(f"register_grad_scaler: {exc}") from None
 
     def _name(self, module: torch.nn.Module, name: str) -> None:
         if id(module) not in self.names:
@@ -133,14 +216,31 @@ class TorchAdapter(Adapter):
         plan = self.hook.plan
         root = self.names[id(module)]
         for sub in module.modules():
-            if plan.prepared and not self._may_save_io(self.names[id(sub)]):
+            name = self.names[id(sub)]
+            if plan.prepared and not self._may_save_io(name):
                 continue
-            self._handles.append(sub.register_forward_hook(self._forward_hook))
+            io_hook = self._io_hook(name)
+            self._handles.append(sub.register_forward_hook(eager_only(io_hook) if sub is module else io_hook))
+        if self.step_boundary == "optimizer":
+            return  # gradients are read at the optimizer step
         for pname, param in module.named_parameters():
             name = f"{GRADIENT_PREFIX}{root}_{pname}"
             # frozen parameters get no gradient (smdebug issue #184)
             if param.requires_grad and (not plan.prepared or plan.may_save(name)):
-                self._handles.append(param.register_hook(self._gradient_hook(name)))
+                self._hook_gradient(name, param)
+
+    def _hook_gradient(self, name: str, param: torch.nn.Parameter) -> None:
+        """Per-backward gradients (smdebug's value). A sharded parameter (FSDP2) gets its gradient
+        after the reduce-scatter, through the post-accumulate-grad hook FSDP2 calls."""
+        if is_sharded(param):
+            if not param.is_leaf:
+                self.warn_once(name, "not saving %s: a sharded parameter that is not a leaf has no "
+                               "accumulated gradient; save it with hook.save_tensor", name)
+                return
+            self._handles.append(param.register_post_accumulate_grad_hook(
+                lambda p: self._on_gradient(name, p.grad)))
+        else:
+            self._handles.append(param.register_hook(lambda grad: self._on_gradient(name, grad)))
 
     def _may_save_io(self, module_name: str) -> bool:
         assert self.hook is not None
@@ -151,37 +251,135 @@ class TorchAdapter(Adapter):
     @guarded()
     def _forward_pre_hook(self, module: torch.nn.Module, inputs: Any) -> None:
         hook = self.hook
-        if hook is None or module is not self.modules[0]:
+        if hook is None or module is not self.entries[0] or in_backward():
+            return  # in backward: activation checkpointing re-running the model
+        if self._continues_step(hook):
             return
+        self._boundary_at = self.optimizer_steps.count
+        self._grad_scale = None
         hook.begin_step()
         if hook.stop_requested is not None:
             # A rule asked to stop: finish the trial, then end the user's loop at this boundary.
             raise hook.stop_training_error()
         self._io_index.clear()
+        self.traced.buffer.clear()
+        self.traced.active = hook.step_active
         if hook.step_active:
-            root = self.names[id(module)]
-            for pname, param in module.named_parameters():
-                hook.save_for_tensor(f"{root}_{pname}", param)
+            root = self.names[id(self.modules[0])]
+            for pname, param in self.modules[0].named_parameters():
+                self.save(f"{root}_{pname}", param)
+
+    def _continues_step(self, hook: Hook) -> bool:
+        """With ``step_boundary="optimizer"``, a TRAIN (or GLOBAL: no mode set) forward before the
+        next optimizer step is one more micro-batch of the current step (gradient accumulation);
+        EVAL and PREDICT keep a step per forward."""
+        return (self.step_boundary == "optimizer" and hook.clock.started
+                and hook.mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL)
+                and self._boundary_at == self.optimizer_steps.count)
 
     @guarded()
-    def _forward_hook(self, module: torch.nn.Module, inputs: Any, outputs: Any) -> None:
-        if self.hook is None or not self.hook.step_active:
-            return
-        name = self.names[id(module)]
+    def _after_forward(self, module: torch.nn.Module, inputs: Any, outputs: Any) -> None:
+        """Save what the traced hooks recorded inside a compiled forward."""
+        self._drain_traced()
+
+    def _drain_traced(self) -> None:
+        for name, suffix, tensors in self.traced.take():
+            self.save_io(name, suffix, tensors)
+
+    def _io_hook(self, name: str) -> Callable[[torch.nn.Module, Any, Any], None]:
+        """A forward hook saving the module's inputs and outputs as ``name``. Inside a compiled
+        region it only records them (see mltrace.pytorch.compiled); eager, it saves them."""
+        traced = self.traced
+
+        def on_forward(module: torch.nn.Module, inputs: Any, outputs: Any) -> None:
+            if compiling():
+                if traced.active:
+                    traced.buffer.append((name, "_input_", detached(inputs)))
+                    traced.buffer.append((name, "_output_", detached(outputs)))
+                return
+            self._forward_hook(name, inputs, outputs)
+
+        return on_forward
+
+    @guarded()
+    def _forward_hook(self, name: str, inputs: Any, outputs: Any) -> None:
+        if self.hook is None or not self.hook.step_active or in_backward():
+            return  # in backward: a checkpointed segment recomputed; saved on its first run
         self.save_io(name, "_input_", inputs)
         self.save_io(name, "_output_", outputs)
 
-    def _gradient_hook(self, name: str) -> Any:
-        def on_gradient(grad: torch.Tensor) -> None:
-            if self.hook is not None and self.hook.step_active and grad is not None:
-                self._save_gradient(name, grad)
+    @guarded()
+    def _on_gradient(self, name: str, grad: torch.Tensor | None) -> None:
+        hook = self.hook
+        if hook is None or not hook.step_active or grad is None:
+            return
+        if self.scaler is not None:
+            if self._grad_scale is None:
+                self._grad_scale = self.scaler.scale()
+            if self._grad_scale != 1.0:
+                grad = grad.detach() / self._grad_scale  # saved unscaled; inf and NaN stay
+        self.save(name, grad)
 
-        return on_gradient
+    def _after_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """With ``step_boundary="optimizer"``: save the accumulated gradients the optimizer used
+        (a GradScaler has unscaled them in place by now)."""
+        if self.step_boundary == "optimizer":
+            self._save_accumulated(optimizer)
 
     @guarded()
-    def _save_gradient(self, name: str, grad: torch.Tensor) -> None:
+    def _save_accumulated(self, optimizer: Any) -> None:
+        hook = self.hook
+        if hook is None or not hook.step_active:
+            return
+        owned = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        for module in self.modules:
+            root = self.names[id(module)]
+            for pname, param in module.named_parameters():
+                if id(param) in owned and param.grad is not None:
+                    self.save(f"{GRADIENT_PREFIX}{root}_{pname}", param.grad)
+
+    @guarded()
+    def _after_scaler_step(self, optimizer: Any, skipped: bool) -> None:
+        """Record the loss scale and whether the scaler skipped the optimizer step. A skipped
+        step still ends the step, and its (non-finite) gradients are saved."""
+        hook = self.hook
+        if hook is None:
+            return
+        if skipped:
+            logger.info("GradScaler skipped the optimizer step at step %d (inf or NaN gradients)",
+                        hook.step)
+            self._after_optimizer_step(optimizer)
+            self.optimizer_steps.count += 1  # a step boundary all the same
+        if hook.step_active and self.scaler is not None:
+            scale = self._grad_scale if self._grad_scale is not None else self.scaler.scale()
+            hook.save_tensor("GradScaler_scale", np.float64(scale), "grad_scaler")
+            hook.save_tensor("GradScaler_step_skipped", np.float64(skipped), "grad_scaler")
+
+    def save(self, name: str, value: Any) -> None:
+        """Save ``value`` as ``name`` if due. A sharded tensor (DTensor) is first turned into
+        what the due collections need, on every rank: its reductions, combined from the local
+        shards, or the full tensor, gathered to the ranks that write."""
         assert self.hook is not None
-        self.hook.save_for_tensor(name, grad)
+        if is_sharded(value):
+            value = self._unshard(name, value)
+            if value is None:
+                return
+        self.hook.save_for_tensor(name, value)
+
+    def _unshard(self, name: str, value: Any) -> Any:
+        hook = self.hook
+        assert hook is not None
+        colls = hook.plan.collections_of(name)
+        due = hook.plan.due_for(colls) if colls else ()
+        if not due:
+            return value  # not saved; the NaN watch may still look at it
+        if hook.dry_run:
+            return None
+        save_raw, save_shape, items = what_to_save(list(due))
+        histogram = hook.tensorboard is not None and any(c.save_histogram for c in due)
+        if save_raw or save_shape or histogram or any(n == "median" for n, _ in items):
+            return gather_full(value, None if hook.include_workers == "all" else 0)
+        return Reduced(tuple(value.shape), items, sharded_reductions(value, items))
 
     def save_io(self, module_name: str, suffix: str, value: Any) -> None:
         """Save the tensors in ``value`` as ``<module_name><suffix><i>``, counting on from the
@@ -190,9 +388,19 @@ class TorchAdapter(Adapter):
         prefix = module_name + suffix
         index = self._io_index.get(prefix, 0)
         for tensor in _flatten_tensors(value):
-            self.hook.save_for_tensor(f"{prefix}{index}", tensor)  # detached only if saved
+            self.save(f"{prefix}{index}", tensor)  # detached only if saved
             index += 1
         self._io_index[prefix] = index
+
+    def on_step_end(self) -> None:
+        """Save module outputs recorded in a compiled region not yet drained (a compiled loss)."""
+        self._drain_traced()
+
+    def on_closed(self) -> None:
+        """Take the hook's callbacks out of torch.optim and the GradScaler."""
+        self.optimizer_steps.remove()
+        if self.scaler is not None:
+            self.scaler.remove()
 
 
 def _horovod() -> Any:

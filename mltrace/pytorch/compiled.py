@@ -1,0 +1,96 @@
+"""What the PyTorch adapter needs to stay out of ``torch.compile``'s way.
+
+- Step-boundary callbacks (the registered model's forward pre-hook and forward hook) run eagerly:
+  they are wrapped with ``torch.compiler.disable``, so TorchDynamo never traces them, whether the
+  model was registered before or after ``torch.compile``. They are called from
+  ``Module.__call__``, outside the compiled region, so skipping them costs no graph break.
+- Module inputs and outputs inside a compiled region are recorded by a *traceable* forward hook:
+  on a save step it appends detached tensors to a buffer; Dynamo guards on one boolean
+  (``TracedIO.active``), so a compiled region has at most two graph variants (a save step and a
+  skip step). The eager step-boundary hook drains the buffer after the model's forward.
+- Wrappers are seen through for names: ``torch.compile``'s ``OptimizedModule`` and FSDP2's
+  ``FSDP<Class>`` name tensors as the plain model does, so compiled, sharded and eager runs of
+  one model write the same tensor names.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
+
+import torch
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class TracedIO:
+    """Module inputs/outputs recorded inside a compiled region, saved after the forward returns.
+
+    ``active`` is read by the traced hook (Dynamo guards on it); ``buffer`` holds
+    ``(module name, suffix, tensors)`` in call order.
+    """
+
+    active: bool = False
+    buffer: list[tuple[str, str, list[torch.Tensor]]] = field(default_factory=list)
+
+    def take(self) -> list[tuple[str, str, list[torch.Tensor]]]:
+        """The recorded tensors, emptying the buffer (the same list object stays in place, so a
+        compiled graph's guard on it holds)."""
+        taken = list(self.buffer)
+        self.buffer.clear()
+        return taken
+
+
+def unwrap(module: torch.nn.Module) -> torch.nn.Module:
+    """The module ``torch.compile`` wrapped (``OptimizedModule._orig_mod``), else ``module``."""
+    inner = getattr(module, "_orig_mod", None)
+    return inner if isinstance(inner, torch.nn.Module) else module
+
+
+def class_name(module: torch.nn.Module) -> str:
+    """The model's own class name: FSDP2's ``fully_shard`` swaps the class for a subclass
+    ``FSDP<Class>``; the name is the first class of the MRO that is not such a wrapper."""
+    for cls in type(module).__mro__:
+        if not _is_fsdp_class(cls):
+            return cls.__name__
+    return type(module).__name__
+
+
+def _is_fsdp_class(cls: type) -> bool:
+    module = getattr(cls, "__module__", "") or ""
+    return cls.__name__.startswith("FSDP") and module.startswith("torch.distributed")
+
+
+def eager_only(fn: F) -> F:
+    """``fn`` made invisible to TorchDynamo (it always runs as plain Python). Imports
+    ``torch._dynamo`` (about 0.7 s, once per process) when the first model is registered."""
+    disabled = torch.compiler.disable(fn, recursive=True)
+    return cast(F, functools.wraps(fn)(disabled))
+
+
+def compiling() -> bool:
+    """True while TorchDynamo traces the calling code (a constant to the tracer)."""
+    return bool(torch.compiler.is_compiling())
+
+
+def detached(value: Any) -> list[torch.Tensor]:
+    """The tensors in ``value`` (nested tuples and lists; anything else skipped, as smdebug),
+    detached, in order. Traceable by TorchDynamo."""
+    if isinstance(value, torch.Tensor):
+        return [value.detach()]
+    if isinstance(value, (tuple, list)):
+        out: list[torch.Tensor] = []
+        for item in value:
+            out.extend(detached(item))
+        return out
+    return []
+
+
+def in_backward() -> bool:
+    """True inside the autograd engine (a backward pass): activation checkpointing re-runs
+    forward there, and its outputs must not be saved a second time."""
+    task_id = getattr(torch._C, "_current_graph_task_id", None)
+    return task_id is not None and task_id() != -1
