@@ -1,0 +1,153 @@
+"""Compiled PyTorch training with and without mltrace's hook, side by side in one process.
+
+What is measured: an MLP (``--width`` wide, 4 Linear layers with ReLU, batch 64, SGD) compiled
+with ``torch.compile`` (inductor by default), trained ``--steps`` steps per run:
+
+- ``compiled``: the compiled model, no hook;
+- ``hook-after``: ``hook.register_module(torch.compile(model))``;
+- ``hook-before``: ``hook.register_module(model)`` and then ``torch.compile(model)``;
+- ``eager``: the model not compiled, no hook (for scale).
+
+The hook saves weights, biases, gradients and losses every ``--interval`` steps (100). For each
+variant the compile (first steps) is a warm-up and is not timed; TorchDynamo's counters are read
+after it: graph breaks and unique graphs. Then ``--runs`` measured runs are interleaved across
+the variants (run k of each in turn), each timing ``--steps`` steps plus ``hook.close()``; the
+median ms/step is reported with its ratio to ``compiled``. One thread (bench/README.md protocol).
+
+Run: ``.venv/bin/python bench/pytorch_compile.py [--steps 300] [--runs 5] [--backend inductor]``
+Writes bench/results/pytorch_compile.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+os.environ.setdefault("MLTRACE_LOG_LEVEL", "error")
+
+import torch
+import torch._dynamo
+from torch import nn
+from torch._dynamo.utils import counters
+
+import mltrace.pytorch as smd
+
+VARIANTS = ("compiled", "hook-after", "hook-before", "eager")
+BATCH = 64
+
+
+def _model(width: int) -> nn.Module:
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for i in range(4):
+        layers += [nn.Linear(width, width if i < 3 else 1), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
+class Run:
+    """One variant: its model, optimizer, maybe a hook, and a step function."""
+
+    def __init__(self, variant: str, width: int, interval: int, backend: str, out_dir: str) -> None:
+        self.variant, self.hook = variant, None
+        model = _model(width)
+        self.loss_fn = nn.MSELoss()
+        if variant.startswith("hook"):
+            self.hook = smd.Hook(out_dir=out_dir, save_config=smd.SaveConfig(save_interval=interval),
+                                 include_collections=["weights", "biases", "gradients", "losses"])
+            if variant == "hook-before":
+                self.hook.register_module(model)
+        self.called = model if variant == "eager" else torch.compile(model, backend=backend)
+        if self.hook is not None:
+            if variant == "hook-after":
+                self.hook.register_module(self.called)
+            self.hook.register_loss(self.loss_fn)
+        self.opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.opt.zero_grad()
+        self.loss_fn(self.called(x), y).backward()
+        self.opt.step()
+
+    def close(self) -> None:
+        if self.hook is not None:
+            self.hook.close()
+
+
+def _timed(fn: Callable[[], None]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(1)
+    data = [(torch.randn(BATCH, args.width, generator=gen), torch.randn(BATCH, 1, generator=gen))
+            for _ in range(args.steps)]
+    work = tempfile.mkdtemp(prefix="mltrace-compile-bench-")
+    compile_info: dict[str, dict[str, int]] = {}
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    for k in range(args.runs + 1):  # run 0 compiles and is the warm-up
+        order = VARIANTS if k % 2 else tuple(reversed(VARIANTS))
+        for variant in order:
+            if k == 0:
+                torch._dynamo.reset()
+                counters.clear()
+            run = Run(variant, args.width, args.interval, args.backend, f"{work}/{variant}-{k}")
+
+            def loop(run: Run = run) -> None:
+                for x, y in data:
+                    run.step(x, y)
+                run.close()
+
+            elapsed = _timed(loop)
+            if k == 0:
+                compile_info[variant] = {
+                    "graph_breaks": sum(counters["graph_break"].values()),
+                    "unique_graphs": counters["stats"]["unique_graphs"]}
+            else:
+                times[variant].append(1000 * elapsed / args.steps)
+    return {"ms_per_step": times, "compile": compile_info, "args": vars(args),
+            "load": os.getloadavg(), "torch": torch.__version__}
+
+
+def table(result: dict[str, Any]) -> str:
+    base = statistics.median(result["ms_per_step"]["compiled"])
+    rows = ["| variant | ms/step (median) | / compiled | graph breaks | graphs |",
+            "|---|---|---|---|---|"]
+    for variant in VARIANTS:
+        med = statistics.median(result["ms_per_step"][variant])
+        info = result["compile"].get(variant, {})
+        rows.append(f"| {variant} | {med:.3f} | {med / base:.3f} | "
+                    f"{info.get('graph_breaks', '-') if variant != 'eager' else '-'} | "
+                    f"{info.get('unique_graphs', '-') if variant != 'eager' else '-'} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--interval", type=int, default=100)
+    parser.add_argument("--backend", default="inductor")
+    args = parser.parse_args(argv)
+    torch._dynamo.config.cache_size_limit = 64  # the variants compile the same code several times
+    result = measure(args)
+    print(table(result))
+    print(f"load average {result['load']}, torch {result['torch']}, backend {args.backend}")
+    os.makedirs(os.path.join(os.path.dirname(__file__), "results"), exist_ok=True)
+    with open(os.path.join(os.path.dirname(__file__), "results", "pytorch_compile.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
