@@ -9,6 +9,12 @@ Distributed jobs (torch.distributed, or Horovod): each process is ``worker_<rank
 ``include_workers="all"`` every worker writes its own files and the trial's ``num_workers`` is the
 world size; with "one" (the default) only worker_0 writes. Gradients are the worker's own, as the
 gradient hook receives them before DistributedDataParallel averages them (smdebug saved the same).
+Under FSDP2 they are the reduced gradients FSDP2 hands each rank (mltrace.pytorch.sharded
+gathers or reduces the shards).
+
+Modules: ``adapter`` (TorchAdapter: callbacks and names), ``compiled`` (staying out of
+torch.compile's way), ``sharded`` (DTensor gathers and reductions), ``optim`` (optimizer steps,
+GradScaler), ``reductions`` (on-device reductions).
 
 Example:
     >>> import mltrace.pytorch as smd
@@ -16,6 +22,7 @@ Example:
     ...                 include_collections=["weights", "gradients", "losses"])
     >>> hook.register_module(model); hook.register_loss(loss_fn)
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -86,7 +93,12 @@ class Hook(CoreHook):
     """Saves weights, biases, gradients, losses and module inputs/outputs of a PyTorch model.
 
     Args: smdebug's constructor (each is described in mltrace.capture.options.HookOptions),
-    plus ``saveall`` (Tornasole's spelling of ``save_all``).
+    plus ``saveall`` (Tornasole's spelling of ``save_all``) and ``step_boundary``: "forward"
+    (default, smdebug's: a step per forward pass of the registered model) or "optimizer" (a TRAIN
+    step per optimizer step, saving the accumulated gradients: for gradient accumulation).
+
+    The model may be compiled (register the model or what ``torch.compile`` returned) or sharded
+    with FSDP2 (``fully_shard`` before registering); see README "PyTorch as trained today".
 
     When a rule's StopTraining action fires, the next forward pass of the registered model
     closes the trial and raises mltrace.exceptions.StopTrainingRequested: catch it around your
