@@ -7,6 +7,7 @@ single-process gradient of the whole batch. The Linear layers have 16, 5 and 1 o
 2 and 4 ranks their shards are uneven, and some ranks hold no row of the last one.
 
     python tests/fsdp_training.py OUT_DIR [--steps N] [--reductions-only] [--single]
+        [--include-workers one|all]
 
 ``--single`` trains in this one process without torch.distributed (the reference run).
 Imports only the stdlib, torch and mltrace.
@@ -36,7 +37,8 @@ def _batches(steps: int):  # type: ignore[no-untyped-def]
             for _ in range(steps)]
 
 
-def train(out_dir: str, steps: int, reductions_only: bool, single: bool) -> None:
+def train(out_dir: str, steps: int, reductions_only: bool, single: bool,
+          include_workers: str = "one") -> None:
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -59,7 +61,7 @@ def train(out_dir: str, steps: int, reductions_only: bool, single: bool) -> None
         save_raw_tensor=False) if reductions_only else None
     hook = smd.Hook(out_dir=out_dir, save_config=smd.SaveConfig(save_interval=1),
                     include_collections=["weights", "biases", "gradients", "losses"],
-                    reduction_config=reduction_config)
+                    reduction_config=reduction_config, include_workers=include_workers)
     loss_fn = nn.MSELoss()
     hook.register_module(model)
     hook.register_loss(loss_fn)
@@ -82,9 +84,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--reductions-only", action="store_true")
     parser.add_argument("--single", action="store_true")
+    parser.add_argument("--include-workers", default="one", choices=["one", "all"])
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    train(args.out_dir, args.steps, args.reductions_only, args.single)
+    train(args.out_dir, args.steps, args.reductions_only, args.single, args.include_workers)
 
 
 if __name__ == "__main__":

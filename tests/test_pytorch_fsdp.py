@@ -61,6 +61,20 @@ def test_fsdp2_saves_full_tensors_equal_to_one_process(tmp_path: Path, single: d
                                        err_msg=f"{name} step {step}")
 
 
+def test_fsdp2_with_all_workers_each_worker_writes_the_full_tensors(
+        tmp_path: Path, single: dict[str, Path]) -> None:
+    _run(tmp_path, 2, "--include-workers", "all")
+    trial = create_trial(str(tmp_path))
+    assert trial.workers() == ["worker_0", "worker_1"]
+    want = _by_name(single["raw"])
+    for name in ("Sequential_4.weight", "gradient/Sequential_2.weight"):
+        for worker in trial.workers():
+            for step, value in want[name].items():
+                got = trial.tensor(name).value(step, worker=worker)
+                np.testing.assert_allclose(got, value, rtol=1e-5, atol=1e-6,
+                                           err_msg=f"{name} step {step} {worker}")
+
+
 REDUCTIONS = [("mean", False), ("max", False), ("min", False), ("std", False), ("max", True),
               ("l2", False)]
 
