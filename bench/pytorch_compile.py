@@ -11,7 +11,9 @@ with ``torch.compile`` (inductor by default), trained ``--steps`` steps per run:
 The hook saves weights, biases, gradients and losses every ``--interval`` steps (100). For each
 variant the compile (first steps) is a warm-up and is not timed; TorchDynamo's counters are read
 after it: graph breaks and unique graphs. Then ``--runs`` measured runs are interleaved across
-the variants (run k of each in turn), each timing ``--steps`` steps plus ``hook.close()``; the
+the variants (run k of each in turn), each a fresh model and hook that first takes 5 untimed
+steps (a fresh model may recompile or hit the compile cache) and then times ``--steps`` steps
+plus ``hook.close()``; the
 median ms/step is reported with its ratio to ``compiled``. One thread (bench/README.md protocol).
 
 Run: ``.venv/bin/python bench/pytorch_compile.py [--steps 300] [--runs 5] [--backend inductor]``
@@ -41,6 +43,7 @@ import mltrace.pytorch as smd
 
 VARIANTS = ("compiled", "hook-after", "hook-before", "eager")
 BATCH = 64
+WARM_STEPS = 5  # untimed steps of every run before its timed steps
 
 
 def _model(width: int) -> nn.Module:
@@ -101,6 +104,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 torch._dynamo.reset()
                 counters.clear()
             run = Run(variant, args.width, args.interval, args.backend, f"{work}/{variant}-{k}")
+
+            for x, y in data[:WARM_STEPS]:  # a fresh model may recompile (or hit the
+                run.step(x, y)                # compile cache): not part of the step time
 
             def loop(run: Run = run) -> None:
                 for x, y in data:
