@@ -253,7 +253,7 @@ def _global_values(shard: torch.Tensor, names: set[str], count: int,
     out: dict[tuple[str, bool], float] = {}
     sums = [0.0] * 6
     if names & (_SUM_NAMES | _STD_NAMES):
-        sums = _all_reduce(_local_sums(shard), dist.ReduceOp.SUM, group)
+        sums = _all_reduce(_local_sums(shard, names), dist.ReduceOp.SUM, group)
         out.update({(n, a): _from_sums(sums, n, a, count) for n in _SUM_NAMES for a in (False, True)})
     if names & {"min", "max"}:
         lows = _all_reduce(_local_extremes(shard), dist.ReduceOp.MIN, group)
@@ -283,11 +283,22 @@ def _from_sums(sums: Sequence[float], name: str, abs_: bool, count: int) -> floa
             "zero_fraction": zeros / count}[name]
 
 
-def _local_sums(shard: torch.Tensor) -> torch.Tensor:
-    """sum(x), sum(|x|), sum(|x|**2), and counts of NaN, inf and zero elements, of the shard."""
-    magnitude = shard.abs()
-    return torch.stack([shard.sum(), magnitude.sum(), magnitude.square().sum(),
-                        shard.isnan().sum(), shard.isinf().sum(), (shard == 0).sum()]).double()
+#: Which partial of :func:`_local_sums` each reduction needs (by position).
+_SUM_PARTIALS = {"mean": (0, 1), "sum": (0, 1), "std": (0, 1), "variance": (0, 1), "l1": (1,),
+                 "l2": (2,), "nan_count": (3,), "inf_count": (4,), "zero_fraction": (5,)}
+
+
+def _local_sums(shard: torch.Tensor, names: set[str]) -> torch.Tensor:
+    """sum(x), sum(|x|), sum(|x|**2), and counts of NaN, inf and zero elements, of the shard;
+    a partial no reduction in ``names`` needs is left 0 (not computed: each is a pass over the
+    shard)."""
+    needed = {i for n in names for i in _SUM_PARTIALS.get(n, ())}
+    parts = [
+        (lambda: shard.sum()), (lambda: shard.abs().sum()), (lambda: shard.abs().square().sum()),
+        (lambda: shard.isnan().sum()), (lambda: shard.isinf().sum()), (lambda: (shard == 0).sum()),
+    ]
+    zero = torch.zeros((), dtype=torch.float64, device=shard.device)
+    return torch.stack([part().double() if i in needed else zero for i, part in enumerate(parts)])
 
 
 def _local_extremes(shard: torch.Tensor) -> torch.Tensor:
