@@ -28,6 +28,7 @@ from mltrace.pytorch.compiled import (
     detached,
     eager_only,
     in_backward,
+    tensors_in,
     unwrap,
 )
 from mltrace.pytorch.optim import OptimizerSteps, ScalerWatch
@@ -387,7 +388,7 @@ class TorchAdapter(Adapter):
         assert self.hook is not None
         prefix = module_name + suffix
         index = self._io_index.get(prefix, 0)
-        for tensor in _flatten_tensors(value):
+        for tensor in tensors_in(value):
             self.save(f"{prefix}{index}", tensor)  # detached only if saved
             index += 1
         self._io_index[prefix] = index
@@ -413,12 +414,3 @@ def _horovod() -> Any:
         return hvd if hvd is not None and hvd.is_initialized() else None
     except Exception:  # noqa: BLE001 - an unusable Horovod means a single worker
         return None
-
-
-def _flatten_tensors(value: Any) -> list[torch.Tensor]:
-    """Tensors in (nested) tuples and lists, in order; anything else is skipped (as smdebug)."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [t for v in value for t in _flatten_tensors(v)]
-    return []

@@ -76,17 +76,19 @@ def compiling() -> bool:
     return bool(torch.compiler.is_compiling())
 
 
-def detached(value: Any) -> list[torch.Tensor]:
-    """The tensors in ``value`` (nested tuples and lists; anything else skipped, as smdebug),
-    detached, in order. Traceable by TorchDynamo."""
+def tensors_in(value: Any) -> list[torch.Tensor]:
+    """Tensors in ``value`` and its (nested) tuples and lists, in order; anything else is
+    skipped (as smdebug). Traceable by TorchDynamo."""
     if isinstance(value, torch.Tensor):
-        return [value.detach()]
+        return [value]
     if isinstance(value, (tuple, list)):
-        out: list[torch.Tensor] = []
-        for item in value:
-            out.extend(detached(item))
-        return out
+        return [t for v in value for t in tensors_in(v)]
     return []
+
+
+def detached(value: Any) -> list[torch.Tensor]:
+    """:func:`tensors_in`, detached (what a traced hook may keep past the graph)."""
+    return [t.detach() for t in tensors_in(value)]
 
 
 def in_backward() -> bool:
