@@ -120,6 +120,16 @@ def launch_ranks(command: Callable[[int], list[str]], world_size: int, log_dir: 
         raise RuntimeError(f"ranks {sorted(set(failed))} of the job failed:\n{logs}")
 
 
+def end_process() -> None:
+    """End a rank's process once its work is written and its process group destroyed, without
+    interpreter teardown: at teardown gloo's C++ worker threads can abort the process
+    ("terminate called without an active exception", pytorch/pytorch#190489), one rank in
+    dozens of runs on a loaded machine, after the job itself has finished."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def _tail(path: str, n: int = 4000) -> str:
     with open(path, errors="replace") as f:
         return f.read()[-n:]
@@ -196,6 +206,7 @@ def _train(out_dir: str, capture: str, steps: int, include_workers: str, registe
     np.savez(capture, meta=np.array(meta), **values)
     dist.barrier()
     dist.destroy_process_group()
+    end_process()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -10,7 +10,7 @@ single-process gradient of the whole batch. The Linear layers have 16, 5 and 1 o
         [--include-workers one|all]
 
 ``--single`` trains in this one process without torch.distributed (the reference run).
-Imports only the stdlib, torch and mltrace.
+Imports only the stdlib, torch, mltrace and tests/ddp_training.py (to end a rank).
 """
 
 from __future__ import annotations
@@ -76,6 +76,9 @@ def train(out_dir: str, steps: int, reductions_only: bool, single: bool,
     if not single:
         dist.barrier()  # no rank tears gloo down while another still talks to it
         dist.destroy_process_group()
+        from tests.ddp_training import end_process
+
+        end_process()
 
 
 def main() -> None:
