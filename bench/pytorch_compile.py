@@ -11,9 +11,10 @@ with ``torch.compile`` (inductor by default), trained ``--steps`` steps per run:
 The hook saves weights, biases, gradients and losses every ``--interval`` steps (100). For each
 variant the compile (first steps) is a warm-up and is not timed; TorchDynamo's counters are read
 after it: graph breaks and unique graphs. Then ``--runs`` measured runs are interleaved across
-the variants (run k of each in turn), each a fresh model and hook that first takes 5 untimed
-steps (a fresh model may recompile or hit the compile cache) and then times ``--steps`` steps
-plus ``hook.close()``; the
+the variants (run k of each in turn), each a fresh model and hook compiled afresh (TorchDynamo
+does not guard on module hooks: a graph cached for another copy of the model would skip the new
+copy's hooks; the bench checks the hook counted every step) that first takes 5 untimed steps
+(the compile) and then times ``--steps`` steps plus ``hook.close()``; the
 median ms/step is reported with its ratio to ``compiled``. One thread (bench/README.md protocol).
 
 Run: ``.venv/bin/python bench/pytorch_compile.py [--steps 300] [--runs 5] [--backend inductor]``
@@ -100,8 +101,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     for k in range(args.runs + 1):  # run 0 compiles and is the warm-up
         order = VARIANTS if k % 2 else tuple(reversed(VARIANTS))
         for variant in order:
+            # Every run compiles afresh: TorchDynamo does not guard on module hooks, so a graph
+            # cached for a hook-less copy of the model would run a later copy without its hooks.
+            torch._dynamo.reset()
             if k == 0:
-                torch._dynamo.reset()
                 counters.clear()
             run = Run(variant, args.width, args.interval, args.backend, f"{work}/{variant}-{k}")
 
@@ -114,6 +117,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 run.close()
 
             elapsed = _timed(loop)
+            if run.hook is not None and run.hook.step != WARM_STEPS + args.steps - 1:
+                raise RuntimeError(f"{variant}: the hook counted {run.hook.step + 1} steps of "
+                                   f"{WARM_STEPS + args.steps}; its callbacks did not all run")
             if k == 0:
                 compile_info[variant] = {
                     "graph_breaks": sum(counters["graph_break"].values()),

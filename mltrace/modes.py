@@ -13,6 +13,10 @@ class ModeKeys(Enum):
     PREDICT = 3
     GLOBAL = 4
 
+    # Members are singletons compared by identity; Enum's own __hash__ is a Python function,
+    # and the capture path looks modes up in dicts several times a step.
+    __hash__ = object.__hash__
+
 
 ALLOWED_MODES = [ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT, ModeKeys.GLOBAL]
 ALLOWED_MODE_NAMES = [m.name for m in ALLOWED_MODES]

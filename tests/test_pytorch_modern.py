@@ -115,6 +115,45 @@ def test_registering_the_model_and_its_compiled_wrapper_is_one_registration(tmp_
         hook.register_module(model)
     hook.close()
 
+def test_a_graph_compiled_before_registration_is_named_and_the_wrapper_still_works(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """torch.compile skips hook guards on modules: after one model ran compiled, a second of the
+    same structure registered before compiling reuses the first graph, and its forward never
+    calls the hook. mltrace says so (and what to do) instead of saving nothing in silence."""
+    torch._dynamo.reset()
+    first = torch.compile(_mlp(), backend="aot_eager")
+    first(torch.randn(4, 8)).sum().backward()
+
+    with caplog.at_level(logging.WARNING, logger="mltrace.pytorch"):
+        stale = _train_without_reset(tmp_path / "stale", compile_at="before")
+    assert stale.step == -1  # the reused graph never ran the hook's step boundary
+    warned = [r.getMessage() for r in caplog.records if "without mltrace's callbacks" in r.getMessage()]
+    assert len(warned) == 1 and "hook.register_module(torch.compile(model))" in warned[0]
+
+    wrapper = _train_without_reset(tmp_path / "wrapper", compile_at="after")  # what it advises
+    assert wrapper.step == 9
+    assert create_trial(str(tmp_path / "wrapper")).tensor("gradient/Sequential_0.weight").steps() == [0, 5]
+    torch._dynamo.reset()
+
+
+def _train_without_reset(out: Path, compile_at: str) -> smd.Hook:
+    model, loss_fn = _mlp(), nn.MSELoss()
+    hook = smd.Hook(out_dir=str(out), save_config=smd.SaveConfig(save_interval=5),
+                    include_collections=COLLECTIONS)
+    if compile_at == "before":
+        hook.register_module(model)
+    called = torch.compile(model, backend="aot_eager")
+    if compile_at == "after":
+        hook.register_module(called)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for x, y in _data(10):
+        opt.zero_grad()
+        loss_fn(called(x), y).backward()
+        opt.step()
+    hook.close()
+    return hook
+
+
 
 # -- mixed precision -------------------------------------------------------------------------------
 def _scaled_run(out: Path, scaler: torch.amp.GradScaler | None, poison_step: int | None = None,

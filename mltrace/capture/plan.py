@@ -166,10 +166,12 @@ class SavePlan:
     def begin(self, mode: ModeKeys, mode_step: int) -> bool:
         """Decide which collections are due at ``mode_step`` of ``mode``; True if any is. The
         rules are looked up afresh each step, so a config replaced mid-run takes effect."""
+        # Called every step, also on the many that save nothing: kept to a few calls per collection.
+        train_only = mode is ModeKeys.EVAL or mode is ModeKeys.PREDICT
         self._due = frozenset(
             c for c in self.saved
-            if not (mode in (ModeKeys.EVAL, ModeKeys.PREDICT) and c.name in TRAIN_ONLY_COLLECTIONS)
-            and c.effective_save_config().get_save_config(mode).should_save_step(mode_step)
+            if not (train_only and c.name in TRAIN_ONLY_COLLECTIONS)
+            and c.effective_save_config().mode_save_configs[mode].should_save_step(mode_step)
         )
         return bool(self._due)
 

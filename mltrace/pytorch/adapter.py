@@ -81,6 +81,7 @@ class TorchAdapter(Adapter):
         self._owned: list[torch.nn.Module] = []  # keeps ids in ``names`` from being reused
         self._handles: list[Any] = []
         self._io_index: dict[str, int] = {}
+        self.stepped = False  # True once a step began (a model's callbacks have run)
 
     # -- Adapter protocol -------------------------------------------------------------------------
     def worker_identity(self) -> tuple[str, int]:
@@ -180,9 +181,12 @@ class TorchAdapter(Adapter):
         self.entries.append(module)
         if self.step_boundary == "optimizer":
             self.optimizer_steps.install()
-        # The step boundary runs where the script calls the model, outside any compiled region.
-        module.register_forward_pre_hook(eager_only(self._forward_pre_hook))
-        module.register_forward_hook(eager_only(self._after_forward))
+        # The step boundary runs where the script calls the model, outside any compiled region:
+        # on what torch.compile returned it is called eagerly anyway; on a plain model that is
+        # compiled later it must be kept out of the trace.
+        outside = (lambda fn: fn) if module is not inner else eager_only
+        module.register_forward_pre_hook(outside(self._forward_pre_hook))
+        module.register_forward_hook(outside(self._after_forward))
         self._install_tensor_hooks(inner)
 
     def register_loss(self, loss_module: torch.nn.Module) -> None:
@@ -238,10 +242,24 @@ class TorchAdapter(Adapter):
                 self.warn_once(name, "not saving %s: a sharded parameter that is not a leaf has no "
                                "accumulated gradient; save it with hook.save_tensor", name)
                 return
+            on_gradient = self._gradient_callback(name)
             self._handles.append(param.register_post_accumulate_grad_hook(
-                lambda p: self._on_gradient(name, p.grad)))
+                lambda p: on_gradient(p.grad)))
         else:
-            self._handles.append(param.register_hook(lambda grad: self._on_gradient(name, grad)))
+            self._handles.append(param.register_hook(self._gradient_callback(name)))
+
+    def _gradient_callback(self, name: str) -> Callable[[torch.Tensor | None], None]:
+        """What autograd calls with a parameter's gradient: on a step that saves nothing it
+        returns after reading one flag (it runs for every parameter of every backward)."""
+        traced = self.traced
+
+        def on_gradient(grad: torch.Tensor | None) -> None:
+            if traced.active:
+                self._on_gradient(name, grad)
+            elif not self.stepped:
+                self._warn_not_stepping()
+
+        return on_gradient
 
     def _may_save_io(self, module_name: str) -> bool:
         assert self.hook is not None
@@ -262,9 +280,6 @@ class TorchAdapter(Adapter):
         if hook.stop_requested is not None:
             # A rule asked to stop: finish the trial, then end the user's loop at this boundary.
             raise hook.stop_training_error()
-        self._io_index.clear()
-        self.traced.buffer.clear()
-        self.traced.active = hook.step_active
         if hook.step_active:
             root = self.names[id(self.modules[0])]
             for pname, param in self.modules[0].named_parameters():
@@ -278,11 +293,12 @@ class TorchAdapter(Adapter):
                 and hook.mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL)
                 and self._boundary_at == self.optimizer_steps.count)
 
-    @guarded()
     def _after_forward(self, module: torch.nn.Module, inputs: Any, outputs: Any) -> None:
         """Save what the traced hooks recorded inside a compiled forward."""
-        self._drain_traced()
+        if self.traced.buffer:
+            self._drain_traced()
 
+    @guarded()
     def _drain_traced(self) -> None:
         for name, suffix, tensors in self.traced.take():
             self.save_io(name, suffix, tensors)
@@ -293,10 +309,13 @@ class TorchAdapter(Adapter):
         traced = self.traced
 
         def on_forward(module: torch.nn.Module, inputs: Any, outputs: Any) -> None:
+            if not traced.active:  # a step that saves nothing (most steps)
+                if not self.stepped and not compiling():
+                    self._warn_not_stepping()
+                return
             if compiling():
-                if traced.active:
-                    traced.buffer.append((name, "_input_", detached(inputs)))
-                    traced.buffer.append((name, "_output_", detached(outputs)))
+                traced.buffer.append((name, "_input_", detached(inputs)))
+                traced.buffer.append((name, "_output_", detached(outputs)))
                 return
             self._forward_hook(name, inputs, outputs)
 
@@ -392,6 +411,28 @@ class TorchAdapter(Adapter):
             self.save(f"{prefix}{index}", tensor)  # detached only if saved
             index += 1
         self._io_index[prefix] = index
+
+    def on_step_begin(self) -> None:
+        """Reset the step's module-call counts and tell the callbacks whether the step saves."""
+        assert self.hook is not None
+        self.stepped = True
+        self._io_index.clear()
+        self.traced.buffer.clear()
+        self.traced.active = self.hook.step_active
+
+    def _warn_not_stepping(self) -> None:
+        """A gradient or module output arrived before any step began: the registered model's
+        forward ran without the hook's callbacks."""
+        if not self.modules:
+            return  # only a loss is registered: its outputs wait for hook.begin_step()
+        self.warn_once(
+            "not-stepping",
+            "%s ran its forward without mltrace's callbacks, so no step began and nothing is "
+            "saved. torch.compile ignores module hooks added after it compiled a model of the "
+            "same structure in this process (see torch.compiler_nn_module in the PyTorch docs). "
+            "Register what torch.compile returned: hook.register_module(torch.compile(model)); "
+            "or register the model before compiling or running any copy of it, or call "
+            "torch._dynamo.reset() before compiling it.", self.names[id(self.modules[0])])
 
     def on_step_end(self) -> None:
         """Save module outputs recorded in a compiled region not yet drained (a compiled loss)."""

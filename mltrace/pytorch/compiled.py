@@ -29,7 +29,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 class TracedIO:
     """Module inputs/outputs recorded inside a compiled region, saved after the forward returns.
 
-    ``active`` is read by the traced hook (Dynamo guards on it); ``buffer`` holds
+    ``active`` says whether the current step saves anything (set when a step begins): every
+    module and gradient callback reads it first and returns at once when it is False, and the
+    traced hook's branch on it is what Dynamo guards. ``buffer`` holds
     ``(module name, suffix, tensors)`` in call order.
     """
 
