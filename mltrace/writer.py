@@ -40,10 +40,10 @@ import numpy as np
 from mltrace.exceptions import TrialWriteError
 from mltrace.failure_log import FailureLog
 from mltrace.format import paths
-from mltrace.format.crc32c import crc32c
-from mltrace.format.events import encode_tensor_event
+from mltrace.format.crc32c import crc32c_extend
+from mltrace.format.events import tensor_event_parts
 from mltrace.format.index import IndexEntry, ShapeEntry, StepIndex, encode_index
-from mltrace.format.records import frame_record
+from mltrace.format.records import MAGIC_FOOTER, OVERHEAD_BYTES, record_header
 from mltrace.modes import ModeKeys
 from mltrace.spill import SpillDir, default_spill_root
 from mltrace.storage.base import Storage
@@ -61,7 +61,8 @@ class _StepFile:
     def __init__(self, step: int, mode: ModeKeys, mode_step: int) -> None:
         self.step = step
         self.index = StepIndex(mode=mode, mode_step=mode_step, event_file_name=None)
-        self.buffer = bytearray()
+        self.parts: list[bytes] = []  # the events file's bytes, joined once when it is closed
+        self.size = 0
 
 
 class TrialWriter:
@@ -111,12 +112,17 @@ class TrialWriter:
         """Append one tensor record to the open step."""
         step = self._step
         assert step is not None, "open_step() first"
-        payload = encode_tensor_event(
+        parts = tensor_event_parts(
             name, value, step.step, mode, mode_step, time.time() if wall_time is None else wall_time
         )
-        record = frame_record(payload)
-        step.index.tensors.append(IndexEntry(name, len(step.buffer), len(record), crc32c(payload)))
-        step.buffer += record
+        payload_length = sum(len(p) for p in parts)
+        crc = 0
+        for part in parts:
+            crc = crc32c_extend(crc, part)
+        step.parts += (record_header(payload_length), *parts, MAGIC_FOOTER)
+        length = payload_length + OVERHEAD_BYTES
+        step.index.tensors.append(IndexEntry(name, step.size, length, crc))
+        step.size += length
 
     def add_shape(self, name: str, shape: tuple[int, ...]) -> None:
         """Record a tensor's shape in the open step's index (no record is written)."""
@@ -132,7 +138,7 @@ class TrialWriter:
         if step.index.tensors:
             event_key = paths.event_file_key(step.step, self.worker)
             step.index.event_file_name = event_key
-            files.append((event_key, bytes(step.buffer)))
+            files.append((event_key, b"".join(step.parts)))  # the values' one copy here
         files.append((paths.index_file_key(step.step, self.worker), encode_index(step.index)))
         self._submit(files)
         self.steps_written += 1

@@ -16,6 +16,11 @@ def crc32c(data: bytes | bytearray | memoryview) -> int:
     return google_crc32c.value(data if isinstance(data, bytes) else bytes(data))
 
 
+def crc32c_extend(crc: int, data: bytes) -> int:
+    """The CRC32C of what ``crc`` covered followed by ``data`` (a CRC over parts, no join)."""
+    return google_crc32c.extend(crc, data)
+
+
 def masked_crc32c(data: bytes | bytearray | memoryview) -> int:
     """Return TFRecord's masked CRC32C of ``data``: rotate right by 15 bits, add 0xA282EAD8."""
     crc = crc32c(data)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mltrace.format import _wire as w
-from mltrace.format.tensors import decode_tensor, encode_tensor
+from mltrace.format.tensors import decode_tensor, tensor_parts
 from mltrace.modes import MODE_PLUGIN_NAME, MODE_STEP_PLUGIN_NAME, ModeKeys
 
 #: What a decoder raises for bytes that are not the proto it expects (public name of
@@ -60,8 +60,30 @@ def encode_tensor_event(
     wall_time: float,
 ) -> bytes:
     """Serialize one smdebug tensor Event (the payload of one events/ record)."""
-    value = _tag_field(tag) + w.len_field(8, encode_tensor(tag, array)) + _metadata_field(mode, mode_step)
-    return _event(wall_time, step, w.len_field(1, value))
+    return b"".join(tensor_event_parts(tag, array, step, mode, mode_step, wall_time))
+
+
+def tensor_event_parts(
+    tag: str, array: np.ndarray, step: int, mode: ModeKeys, mode_step: int, wall_time: float,
+) -> tuple[bytes, bytes, bytes]:
+    """:func:`encode_tensor_event` as (fields before the tensor's values, the values, fields
+    after them): each enclosing message's length is computed, not found by building it, so
+    the values are not copied once per message (see mltrace.format.tensors.tensor_parts)."""
+    tensor_head, content = tensor_parts(tag, array)
+    metadata = _metadata_field(mode, mode_step)
+    tensor_len = len(tensor_head) + len(content)
+    value_head = _tag_field(tag) + w.key(8, w.LEN) + w.varint(tensor_len)
+    value_len = len(value_head) + tensor_len + len(metadata)
+    summary_head = _SUMMARY_VALUE_KEY + w.varint(value_len)
+    event_head = w.double_field(1, wall_time) if wall_time else b""
+    if step:
+        event_head += w.varint_field(2, step)
+    event_head += _EVENT_SUMMARY_KEY + w.varint(len(summary_head) + value_len)
+    return event_head + summary_head + value_head + tensor_head, content, metadata
+
+
+_SUMMARY_VALUE_KEY = w.key(1, w.LEN)
+_EVENT_SUMMARY_KEY = w.key(5, w.LEN)
 
 
 def encode_scalar_event(tag: str, value: float, step: int, wall_time: float) -> bytes:

@@ -24,14 +24,20 @@ FOOTER_BYTES = 4
 OVERHEAD_BYTES = HEADER_BYTES + FOOTER_BYTES
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
-_MAGIC_FOOTER = _U32.pack(MAGIC_DATA_CRC)
+#: The footer of every events/ record (smdebug's fixed data CRC).
+MAGIC_FOOTER = _U32.pack(MAGIC_DATA_CRC)
+
+
+def record_header(payload_length: int) -> bytes:
+    """The 12 bytes before a payload of ``payload_length`` bytes: its length and length CRC."""
+    length = _U64.pack(payload_length)
+    return length + _U32.pack(masked_crc32c(length))
 
 
 def frame_record(payload: bytes, real_crc: bool = False) -> bytes:
     """Frame ``payload`` as one record; ``real_crc`` picks TensorBoard's footer over smdebug's."""
-    length = _U64.pack(len(payload))
-    footer = _U32.pack(masked_crc32c(payload)) if real_crc else _MAGIC_FOOTER
-    return length + _U32.pack(masked_crc32c(length)) + payload + footer
+    footer = _U32.pack(masked_crc32c(payload)) if real_crc else MAGIC_FOOTER
+    return record_header(len(payload)) + payload + footer
 
 
 def unframe_record(record: bytes | memoryview, where: str, check_data: str = "any") -> bytes:

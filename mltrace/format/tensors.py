@@ -122,6 +122,14 @@ def encode_tensor(tag: str, array: np.ndarray) -> bytes:
     Raises:
         MltraceTypeError: object arrays of non-strings, structured, datetime or other dtypes.
     """
+    head, content = tensor_parts(tag, array)
+    return head + content if len(content) else head
+
+
+def tensor_parts(tag: str, array: np.ndarray) -> tuple[bytes, bytes]:
+    """:func:`encode_tensor` in two parts, the proto's fields up to its ``tensor_content`` and
+    the content itself: a writer puts the values in its file buffer without building each
+    enclosing message around them (one copy of the values instead of one per message)."""
     if array.dtype.kind in "mMV" and array.dtype.name != "bfloat16":
         raise MltraceTypeError(
             f"cannot save tensor {tag!r} of dtype {array.dtype}: datetime, timedelta and structured "
@@ -136,12 +144,15 @@ def encode_tensor(tag: str, array: np.ndarray) -> bytes:
         body = w.varint_field(1, DT_STRING) + shape if is_bytes else shape
         for item in flat:
             body += w.len_field(8, item if isinstance(item, bytes) else str(item).encode("utf-8"))
-        return body
+        return body, b""
     code = DT_BFLOAT16 if isinstance(array, BFloat16Bits) else _dtype_code(array)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
+    head = w.varint_field(1, code) + shape
+    if not array.nbytes:
+        return head, b""
     content = np.ascontiguousarray(array).tobytes()
-    return w.varint_field(1, code) + shape + (w.len_field(4, content) if content else b"")
+    return head + w.key(4, w.LEN) + w.varint(len(content)), content
 
 
 #: Most elements a TensorProto may expand one *_val value to (TensorFlow's "fill"): a damaged
