@@ -37,6 +37,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from mltrace.byte_queue import ByteQueue
 from mltrace.exceptions import TrialWriteError
 from mltrace.failure_log import FailureLog
 from mltrace.format import paths
@@ -51,6 +52,8 @@ from mltrace.storage.base import Storage
 logger = logging.getLogger(__name__)
 
 _STOP = object()
+#: What the background thread may hold before the training thread waits (see TrialWriter).
+DEFAULT_MAX_PENDING_BYTES = 256 << 20
 # _write_one's outcomes.
 _WRITTEN, _SPILL, _LOST = "written", "spill", "lost"
 
@@ -71,16 +74,18 @@ class TrialWriter:
     Args:
         storage: where the trial lives.
         worker: the worker name in file names (``worker_0``).
-        max_pending: files queued for the background thread before the training thread waits.
+        max_pending_bytes: bytes of files queued for the background thread (and being
+            written) before the training thread waits for the disk, or, with a remote store,
+            before files go to the local spill. Memory stays bounded on a slow disk.
     """
 
-    def __init__(self, storage: Storage, worker: str, max_pending: int = 64,
+    def __init__(self, storage: Storage, worker: str, max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
                  spill_root: str | None = None, close_timeout: float = 60.0,
                  retry_interval: float = 2.0) -> None:
         self.storage = storage
         self.worker = paths.check_worker_name(worker)
         self._step: _StepFile | None = None
-        self._queue: queue.Queue[object] = queue.Queue(maxsize=max_pending)
+        self._queue: ByteQueue[object] = ByteQueue(max_pending_bytes)
         self._thread: threading.Thread | None = None
         #: files that could not be written (see mltrace.failure_log).
         self.failures = FailureLog(logger, "mltrace goes on with the next steps", "write errors")
@@ -163,14 +168,14 @@ class TrialWriter:
             self._thread = threading.Thread(target=self._run, name="mltrace-writer", daemon=True)
             self._thread.start()
         if self.spill is None:
-            self._queue.put(files)  # local disk: waiting for the queue is waiting for the disk
+            self._queue.put(files, _size(files))  # local disk: waiting for the queue is waiting for the disk
             return
         with self._spill_lock:
             if self.spill.pending:  # keep order: once spilling, everything goes behind the spill
                 self._spill(files)
                 return
         try:
-            self._queue.put_nowait(files)
+            self._queue.put(files, _size(files), block=False)
         except queue.Full:
             with self._spill_lock:
                 self._spill(files)
@@ -200,7 +205,7 @@ class TrialWriter:
         while True:
             self._drain_spill()
             try:
-                item = self._queue.get(timeout=self.retry_interval)
+                item, size = self._queue.get(timeout=self.retry_interval)
             except queue.Empty:
                 continue
             try:
@@ -218,7 +223,7 @@ class TrialWriter:
             except Exception as exc:  # the thread must live on: later files and flush() wait on it
                 self._record_failure(f"{self.storage.uri}/{item[0][0]}", exc)  # type: ignore[index]
             finally:
-                self._queue.task_done()
+                self._queue.task_done(size)
 
     def _find_earlier_run(self) -> set[int]:
         """The steps whose index files an earlier run of this worker left in the trial (a crashed
@@ -253,13 +258,13 @@ class TrialWriter:
         """Move what the stalled background thread never took from the queue to the spill."""
         while True:
             try:
-                item = self._queue.get_nowait()
+                item, size = self._queue.get(timeout=0)
             except queue.Empty:
                 return
             if item is not _STOP:
                 with self._spill_lock:
                     self._spill(item)  # type: ignore[arg-type]
-            self._queue.task_done()
+            self._queue.task_done(size)
 
     def _drain_spill(self) -> None:
         if self.spill is None or not self.spill.pending:
@@ -310,11 +315,11 @@ class TrialWriter:
         if self._thread is not None and self._thread.is_alive():
             deadline = time.monotonic() + self.close_timeout
             if self.spill is None:
-                self._queue.put(_STOP)
+                self._queue.put(_STOP, 0)
                 self._thread.join()
             else:
                 try:
-                    self._queue.put(_STOP, timeout=self.close_timeout)
+                    self._queue.put(_STOP, 0, timeout=self.close_timeout)
                 except queue.Full:
                     pass
                 self._thread.join(max(0.0, deadline - time.monotonic()))
@@ -330,6 +335,11 @@ class TrialWriter:
                 "%.0f s). They are safe in %s; upload them later with: mltrace upload-spill %s",
                 self.spill.pending, self.storage.uri, self.close_timeout, self.spill.path, self.spill.path)
         self.failures.summarize(f"files of {self.storage.uri} could not be written")
+
+
+def _size(files: Sequence[tuple[str, bytes]]) -> int:
+    """The memory a queued group of files holds (a small floor per file bounds empty files too)."""
+    return sum(len(data) + 256 for _, data in files)
 
 
 __all__ = ["TrialWriter"]
