@@ -143,7 +143,7 @@ class TrialWriter:
         if step.index.tensors:
             event_key = paths.event_file_key(step.step, self.worker)
             step.index.event_file_name = event_key
-            files.append((event_key, b"".join(step.parts)))  # the values' one copy here
+            files.append((event_key, b"".join(step.parts)))  # the values' second and last copy
         files.append((paths.index_file_key(step.step, self.worker), encode_index(step.index)))
         self._submit(files)
         self.steps_written += 1

@@ -122,8 +122,7 @@ def encode_tensor(tag: str, array: np.ndarray) -> bytes:
     Raises:
         MltraceTypeError: object arrays of non-strings, structured, datetime or other dtypes.
     """
-    head, content = tensor_parts(tag, array)
-    return head + content if len(content) else head
+    return b"".join(tensor_parts(tag, array))
 
 
 def tensor_parts(tag: str, array: np.ndarray) -> tuple[bytes, bytes]:
