@@ -9,13 +9,15 @@ single-process gradient of the whole batch. The Linear layers have 16, 5 and 1 o
     python tests/fsdp_training.py OUT_DIR [--steps N] [--reductions-only] [--single]
         [--include-workers one|all]
 
-``--single`` trains in this one process without torch.distributed (the reference run).
+``--single`` trains in this one process without torch.distributed (the reference run). Each rank
+writes the all-reduces mltrace issued in each step to ``OUT_DIR-collectives/rank<N>.json``.
 Imports only the stdlib, torch, mltrace and tests/ddp_training.py (to end a rank).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 STEPS, BATCH = 3, 8
@@ -67,12 +69,20 @@ def train(out_dir: str, steps: int, reductions_only: bool, single: bool,
     hook.register_loss(loss_fn)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     rows = BATCH // world
+    from mltrace.pytorch.sharded import collectives_issued, reset_bytes_moved
+
+    per_step = []
     for x, y in _batches(steps):
+        reset_bytes_moved()
         opt.zero_grad()
         part = slice(rank * rows, (rank + 1) * rows)
         loss_fn(model(x[part]), y[part]).backward()
         opt.step()
+        per_step.append(collectives_issued())
     hook.close()
+    os.makedirs(out_dir + "-collectives", exist_ok=True)
+    with open(os.path.join(out_dir + "-collectives", f"rank{rank}.json"), "w") as f:
+        json.dump(per_step, f)
     if not single:
         dist.barrier()  # no rank tears gloo down while another still talks to it
         dist.destroy_process_group()

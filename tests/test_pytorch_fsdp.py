@@ -6,6 +6,7 @@ reductions without gathering any tensor. The jobs are tests/fsdp_training.py.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -95,3 +96,15 @@ def test_fsdp2_reductions_only_combine_the_shards_exactly(tmp_path: Path, single
     assert ("gradient/Sequential_4.weight", 2, "l2", False) in want
     for key, value in want.items():
         np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=1e-6, err_msg=str(key))
+
+
+def test_fsdp2_reductions_of_a_step_share_a_few_all_reduces(tmp_path: Path) -> None:
+    """The reductions of every sharded weight and gradient of a step (12 tensors, 6 asked-for
+    reductions each) are combined together at the optimizer step: one SUM, one MIN and the
+    second SUM of std per step on every rank, not a few per tensor."""
+    _run(tmp_path, 2, "--reductions-only")
+    names = create_trial(str(tmp_path)).tensor_names()
+    assert len([n for n in names if not n.startswith("MSELoss")]) == 12
+    for rank in range(2):
+        per_step = json.loads((tmp_path.parent / f"{tmp_path.name}-collectives" / f"rank{rank}.json").read_text())
+        assert per_step == [3] * len(per_step), (rank, per_step)

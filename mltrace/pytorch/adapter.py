@@ -33,7 +33,7 @@ from mltrace.pytorch.compiled import (
 )
 from mltrace.pytorch.optim import OptimizerSteps, ScalerWatch
 from mltrace.pytorch.reductions import QUANTILE_LIMIT, torch_reductions
-from mltrace.pytorch.sharded import gather_full, is_sharded, sharded_reductions
+from mltrace.pytorch.sharded import ReductionBatch, gather_full, is_sharded
 
 if TYPE_CHECKING:
     from mltrace.hook import Hook
@@ -41,8 +41,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 #: ``forward``: a step per forward pass of the registered model (smdebug's); ``optimizer``: a
-#: TRAIN step per optimizer step, for gradient accumulation.
-STEP_BOUNDARIES = ("forward", "optimizer")
+#: TRAIN step per optimizer step, for gradient accumulation; ``trainer``: steps begin where a
+#: trainer's callback says a batch begins (:meth:`TorchAdapter.begin_batch`; mltrace.transformers,
+#: mltrace.lightning), a TRAIN step per optimizer step as with ``optimizer``.
+STEP_BOUNDARIES = ("forward", "optimizer", "trainer")
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,8 @@ class TorchAdapter(Adapter):
         if step_boundary not in STEP_BOUNDARIES:
             raise MltraceValueError(
                 f"step_boundary={step_boundary!r}: use \"forward\" (a step per forward pass of the "
-                "registered model, smdebug's) or \"optimizer\" (a step per optimizer step, for "
-                "gradient accumulation)")
+                "registered model, smdebug's), \"optimizer\" (a step per optimizer step, for "
+                "gradient accumulation) or \"trainer\" (steps from a trainer's callback)")
         self.step_boundary = step_boundary
         self.modules: list[torch.nn.Module] = []  # the registered models (unwrapped)
         self.entries: list[torch.nn.Module] = []  # what the script calls (maybe compiled)
@@ -82,6 +84,9 @@ class TorchAdapter(Adapter):
         self._handles: list[Any] = []
         self._io_index: dict[str, int] = {}
         self.stepped = False  # True once a step began (a model's callbacks have run)
+        # Reductions of sharded tensors (FSDP2), combined across ranks once per step
+        self._sharded = ReductionBatch()
+        self._sharded_saves: list[tuple[str, tuple[int, ...], ReductionItems]] = []
 
     # -- Adapter protocol -------------------------------------------------------------------------
     def worker_identity(self) -> tuple[str, int]:
@@ -179,7 +184,7 @@ class TorchAdapter(Adapter):
         self._name(inner, root)
         self.modules.append(inner)
         self.entries.append(module)
-        if self.step_boundary == "optimizer":
+        if self.step_boundary != "forward":
             self.optimizer_steps.install()
         # The step boundary runs where the script calls the model, outside any compiled region:
         # on what torch.compile returned it is called eagerly anyway; on a plain model that is
@@ -226,7 +231,7 @@ class TorchAdapter(Adapter):
                 continue
             io_hook = self._io_hook(name)
             self._handles.append(sub.register_forward_hook(eager_only(io_hook) if sub is module else io_hook))
-        if self.step_boundary == "optimizer":
+        if self.step_boundary != "forward":
             return  # gradients are read at the optimizer step
         for pname, param in module.named_parameters():
             name = f"{GRADIENT_PREFIX}{root}_{pname}"
@@ -272,25 +277,48 @@ class TorchAdapter(Adapter):
         hook = self.hook
         if hook is None or module is not self.entries[0] or in_backward():
             return  # in backward: activation checkpointing re-running the model
-        if self._continues_step(hook):
+        if self.step_boundary == "trainer" or self._continues_step(hook):
             return
-        self._boundary_at = self.optimizer_steps.count
-        self._grad_scale = None
-        hook.begin_step()
+        self._begin_step(hook)
         if hook.stop_requested is not None:
             # A rule asked to stop: finish the trial, then end the user's loop at this boundary.
             raise hook.stop_training_error()
+
+    @guarded()
+    def begin_batch(self) -> None:
+        """With ``step_boundary="trainer"``, a trainer's callback says a batch begins (set the
+        mode first). A TRAIN batch before the next optimizer step continues the current step
+        (gradient accumulation); EVAL and PREDICT batches each begin one. A rule's stop request
+        is left to the callback (``hook.stop_requested``): trainers have their own way to stop."""
+        hook = self.hook
+        if hook is not None and not self._continues_step(hook):
+            self._begin_step(hook)
+
+    def _begin_step(self, hook: Hook) -> None:
+        """Begin a step and save the registered model's parameters if it saves anything."""
+        self._boundary_at = self.optimizer_steps.count
+        self._grad_scale = None
+        self._save_sharded_reductions()
+        hook.begin_step()
         if hook.step_active:
             root = self.names[id(self.modules[0])]
             for pname, param in self.modules[0].named_parameters():
                 self.save(f"{root}_{pname}", param)
 
+    def forward_began(self, module: torch.nn.Module, inputs: Any) -> None:
+        """The step boundary of a forward of ``module`` that began before it was registered:
+        ``mltrace run`` registers a model from inside the model's first call, when its own
+        forward pre-hooks have already been collected."""
+        self._forward_pre_hook(module, inputs)
+
     def _continues_step(self, hook: Hook) -> bool:
-        """With ``step_boundary="optimizer"``, a TRAIN (or GLOBAL: no mode set) forward before the
-        next optimizer step is one more micro-batch of the current step (gradient accumulation);
-        EVAL and PREDICT keep a step per forward."""
-        return (self.step_boundary == "optimizer" and hook.clock.started
+        """With ``step_boundary="optimizer"`` (or ``"trainer"``), a TRAIN (or GLOBAL: no mode
+        set) forward before the next optimizer step is one more micro-batch of the current step
+        (gradient accumulation), if that step is of the same mode (not an evaluation run in
+        between); EVAL and PREDICT keep a step per forward."""
+        return (self.step_boundary != "forward" and hook.clock.started
                 and hook.mode in (ModeKeys.TRAIN, ModeKeys.GLOBAL)
+                and hook.clock.step_mode is hook.mode
                 and self._boundary_at == self.optimizer_steps.count)
 
     def _after_forward(self, module: torch.nn.Module, inputs: Any, outputs: Any) -> None:
@@ -341,10 +369,12 @@ class TorchAdapter(Adapter):
         self.save(name, grad)
 
     def _after_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """With ``step_boundary="optimizer"``: save the accumulated gradients the optimizer used
-        (a GradScaler has unscaled them in place by now)."""
-        if self.step_boundary == "optimizer":
+        """With ``step_boundary="optimizer"`` or ``"trainer"``: save the accumulated gradients the optimizer used
+        (a GradScaler has unscaled them in place by now). Then combine the step's reductions of
+        sharded tensors: every rank steps its optimizer, while its process group is alive."""
+        if self.step_boundary != "forward":
             self._save_accumulated(optimizer)
+        self._save_sharded_reductions()
 
     @guarded()
     def _save_accumulated(self, optimizer: Any) -> None:
@@ -399,7 +429,37 @@ class TorchAdapter(Adapter):
         histogram = hook.tensorboard is not None and any(c.save_histogram for c in due)
         if save_raw or save_shape or histogram or any(n == "median" for n, _ in items):
             return gather_full(value, None if hook.include_workers == "all" else 0)
-        return Reduced(tuple(value.shape), items, sharded_reductions(value, items))
+        # Reduced now to a few partials on the device; combined with the step's other sharded
+        # tensors at the next optimizer step or step boundary (one all-reduce per kind of partial).
+        self._sharded.add(value, items)
+        self._sharded_saves.append((name, tuple(value.shape), items))
+        self.optimizer_steps.install()
+        return None
+
+    @guarded()
+    def _save_sharded_reductions(self) -> None:
+        """Combine the reductions of the sharded tensors saved since the last call and save them.
+
+        Every rank of the job calls this at the same points (optimizer steps, step boundaries,
+        close) with the same tensors pending, since the collectives must match. A rank that
+        writes nothing (``include_workers="one"``) takes part and discards the results.
+        """
+        if not self._sharded_saves:
+            return
+        saves, self._sharded_saves = self._sharded_saves, []
+        if not (dist.is_available() and dist.is_initialized()):
+            self._sharded.clear()
+            self.warn_once("sharded-after-destroy",
+                           "not saving reductions of %d sharded tensors: the process group was "
+                           "destroyed before the hook combined them; call hook.close() before "
+                           "dist.destroy_process_group()", len(saves))
+            return
+        results = self._sharded.combine()
+        hook = self.hook
+        if hook is None or hook.writer is None or hook.step_written:
+            return
+        for (name, shape, items), values in zip(saves, results):
+            hook.save_for_tensor(name, Reduced(shape, items, values))
 
     def save_io(self, module_name: str, suffix: str, value: Any) -> None:
         """Save the tensors in ``value`` as ``<module_name><suffix><i>``, counting on from the
@@ -423,8 +483,8 @@ class TorchAdapter(Adapter):
     def _warn_not_stepping(self) -> None:
         """A gradient or module output arrived before any step began: the registered model's
         forward ran without the hook's callbacks."""
-        if not self.modules:
-            return  # only a loss is registered: its outputs wait for hook.begin_step()
+        if not self.modules or self.step_boundary == "trainer":
+            return  # only a loss is registered, or a trainer begins the steps (not a forward)
         self.warn_once(
             "not-stepping",
             "%s ran its forward without mltrace's callbacks, so no step began and nothing is "
@@ -435,11 +495,19 @@ class TorchAdapter(Adapter):
             "torch._dynamo.reset() before compiling it.", self.names[id(self.modules[0])])
 
     def on_step_end(self) -> None:
-        """Save module outputs recorded in a compiled region not yet drained (a compiled loss)."""
+        """Save module outputs recorded in a compiled region not yet drained (a compiled loss),
+        and the step's reductions of sharded tensors not combined yet."""
         self._drain_traced()
+        self._save_sharded_reductions()
+
+    def on_finish(self) -> None:
+        """The last step's reductions of sharded tensors, before the hook writes it."""
+        self._save_sharded_reductions()
 
     def on_closed(self) -> None:
-        """Take the hook's callbacks out of torch.optim and the GradScaler."""
+        """Take the hook's callbacks out of torch.optim and the GradScaler. A rank that writes
+        nothing still takes part in combining the last sharded reductions (see on_finish)."""
+        self._save_sharded_reductions()
         self.optimizer_steps.remove()
         if self.scaler is not None:
             self.scaler.remove()

@@ -7,8 +7,9 @@ global tensor, moving as little as it can between ranks:
 
 * :func:`gather_full` sends every shard to one rank (a gather, not an all-gather), so only the
   rank that writes receives the tensor's bytes;
-* :func:`sharded_reductions` computes each rank's partial sums, extremes and products of its
-  shard and combines them with a few all-reduces of float64 scalars, never moving the tensor.
+* :class:`ReductionBatch` (and :func:`sharded_reductions`, a batch of one) computes each rank's
+  partial sums, extremes and products of its shards and combines those of many tensors with a
+  few all-reduces of float64 scalars, never moving the tensors.
 
 Both are collectives: all ranks of the tensor's device mesh must call them, with the same
 arguments, in the same order. :func:`bytes_moved` counts what this process sent to other
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,6 +40,7 @@ else:
     DTENSOR_AVAILABLE = True
 
 _bytes_moved = 0
+_collectives = 0
 
 
 def bytes_moved() -> int:
@@ -51,10 +55,17 @@ def bytes_moved() -> int:
     return _bytes_moved
 
 
+def collectives_issued() -> int:
+    """All-reduces this process started through this module since the last reset (a gather's
+    collectives are not counted): what a batch of reductions costs in latency-bound calls."""
+    return _collectives
+
+
 def reset_bytes_moved() -> None:
-    """Set :func:`bytes_moved` back to zero (e.g. before the step a benchmark measures)."""
-    global _bytes_moved
-    _bytes_moved = 0
+    """Set :func:`bytes_moved` and :func:`collectives_issued` back to zero (e.g. before the step
+    a benchmark measures)."""
+    global _bytes_moved, _collectives
+    _bytes_moved = _collectives = 0
 
 
 def _count(nbytes: int) -> None:
@@ -153,40 +164,191 @@ def sharded_reductions(value: DTensor, items: ReductionItems) -> list[np.ndarray
     """Reductions ``items`` of the global tensor, as ``torch_reductions`` of the full tensor
     gives them (same definitions and dtypes, to float rounding), without gathering it.
 
-    Each rank reduces its own shard to a few float64 partials (sums, counts, extremes, products),
-    which are combined with at most four all-reduces over the mesh: sums, minima (maxima
-    as negated minima), products, and, for std and variance, the sum of squared deviations from
-    the global mean (a second round, which keeps them accurate when the mean is large). Only those
-    scalars move between ranks. Every rank gets the results.
-
-    Falls back to gathering the full tensor on every rank (``full_tensor()``) where shards cannot
-    be combined: ``median`` (no exact combination of shard medians exists), partial placements
-    (pending sums, not values), and a mesh of more than one dimension that covers only some of
-    the job's ranks (no process group holds exactly its ranks).
+    A :class:`ReductionBatch` of one tensor: see there for how shards are combined, and use a
+    batch to reduce several tensors with the same few collectives.
 
     Raises:
         mltrace.exceptions.MltraceTypeError: a quantized tensor (as ``torch_reductions``).
         mltrace.exceptions.MltraceValueError: an unknown reduction name.
     """
-    if value.numel() == 0:
-        return [None] * len(items)
-    names = [canonical_name(name) for name, _ in items]
-    if all(p.is_replicate() for p in value.placements):  # every rank holds it all: no traffic
-        return torch_reductions(value.to_local(), items)
-    group = _reduction_group(value)
-    if "median" in names or group is None:
-        return torch_reductions(_full_everywhere(value), items)
-    local = value.to_local()
-    if local.is_quantized:
-        raise MltraceTypeError(f"cannot reduce a quantized tensor ({local.dtype}); save "
-                               "tensor.dequantize() instead")
-    # Partials in float64: exact for every float dtype torch_reductions reduces in (float32 at
-    # most), and the dtype it reduces ints and bools in.
-    shard = local.detach().reshape(-1).double() if _owns_shard(value) else local.new_empty(
-        0, dtype=torch.float64)
-    values = _global_values(shard, set(names), value.numel(), group)
-    work = _work_dtype(local)
-    return [_as_reference(values[name, abs_], name, work) for name, (_, abs_) in zip(names, items)]
+    batch = ReductionBatch()
+    batch.add(value, items)
+    return batch.combine()[0]
+
+
+@dataclass
+class _Partials:
+    """One tensor's part of a batch: this rank's float64 partials of its shard (on the shard's
+    device), or the results already known when nothing needs combining."""
+
+    names: list[str]
+    items: ReductionItems
+    count: int  # elements of the global tensor
+    work: torch.dtype
+    group: dist.ProcessGroup | None = None
+    local_count: int = 0  # elements this rank contributes (0 on a replica that is not counted)
+    sums: torch.Tensor | None = None  # _local_sums
+    extremes: torch.Tensor | None = None  # _local_extremes, if min or max is asked for
+    products: torch.Tensor | None = None  # _local_products, if prod is asked for
+    ready: list[np.ndarray | None] | None = None
+
+
+class ReductionBatch:
+    """Reductions of several sharded tensors, combined across ranks with one all-reduce per kind
+    of partial for the whole batch instead of a few per tensor.
+
+    :meth:`add` reduces this rank's shard of a tensor to a few float64 partials on the shard's
+    device (sums, counts, extremes, products, the local sum of squared deviations) and keeps
+    them; nothing is synchronised or copied to the host. :meth:`combine` then stacks the
+    partials of every tensor in the batch and all-reduces them per mesh: one SUM, one MIN (maxima
+    ride along negated), one PRODUCT, and for std and variance a second SUM of each rank's
+    deviation from the global mean (Chan et al.'s pairwise combination, accurate when the mean is
+    large), each only if a tensor asks for it. The results come to the host in one copy per
+    all-reduce. A training step that saves reductions of every gradient of an FSDP2 model thus
+    pays at most four small collectives, not four per gradient.
+
+    Both methods are collectives in effect: every rank of each tensor's mesh must add the same
+    tensors, with the same items, in the same order, and call :meth:`combine` at the same point.
+
+    Tensors whose shards cannot be combined are reduced when added, by gathering the full tensor
+    on every rank (``full_tensor()``, a collective then and there): ``median`` (no exact
+    combination of shard medians exists), partial placements (pending sums, not values), and a
+    mesh of more than one dimension that covers only some of the job's ranks (no process group
+    holds exactly its ranks). A replicated tensor is whole on every rank and moves nothing.
+    """
+
+    def __init__(self) -> None:
+        self._entries: list[_Partials] = []
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        """Drop what was added without combining it (the process group is gone)."""
+        self._entries.clear()
+
+    @torch.no_grad()
+    def add(self, value: DTensor, items: ReductionItems) -> None:
+        """Add the reductions ``items`` of ``value`` to the batch (results come from combine).
+
+        Raises:
+            mltrace.exceptions.MltraceTypeError: a quantized tensor (as ``torch_reductions``).
+            mltrace.exceptions.MltraceValueError: an unknown reduction name.
+        """
+        names = [canonical_name(name) for name, _ in items]
+        local = value.to_local()
+        entry = _Partials(names, list(items), value.numel(), _work_dtype(local))
+        self._entries.append(entry)
+        if value.numel() == 0:
+            entry.ready = [None] * len(items)
+            return
+        if all(p.is_replicate() for p in value.placements):  # every rank holds it all: no traffic
+            entry.ready = torch_reductions(local, items)
+            return
+        entry.group = _reduction_group(value)
+        if "median" in names or entry.group is None:
+            entry.ready = torch_reductions(_full_everywhere(value), items)
+            return
+        if local.is_quantized:
+            self._entries.pop()
+            raise MltraceTypeError(f"cannot reduce a quantized tensor ({local.dtype}); save "
+                                   "tensor.dequantize() instead")
+        # Partials in float64: exact for every float dtype torch_reductions reduces in (float32
+        # at most), and the dtype it reduces ints and bools in.
+        shard = (local.detach().reshape(-1).double() if _owns_shard(value)
+                 else local.new_empty(0, dtype=torch.float64))
+        wanted = set(names)
+        entry.local_count = shard.numel()
+        entry.sums = _local_sums(shard, wanted)
+        if wanted & {"min", "max"}:
+            entry.extremes = _local_extremes(shard)
+        if "prod" in wanted:
+            entry.products = _local_products(shard)
+
+    @torch.no_grad()
+    def combine(self) -> list[list[np.ndarray | None]]:
+        """The reductions of every tensor added, in the order added; the batch is then empty."""
+        entries, self._entries = self._entries, []
+        by_group: dict[int, list[_Partials]] = {}
+        for entry in entries:
+            if entry.ready is None:
+                by_group.setdefault(id(entry.group), []).append(entry)
+        for members in by_group.values():
+            _combine_group(members)
+        return [entry.ready if entry.ready is not None else [None] * len(entry.items)
+                for entry in entries]
+
+
+def _combine_group(members: list[_Partials]) -> None:
+    """Combine the partials of tensors sharded over one process group and set their results."""
+    group = members[0].group
+    assert group is not None
+    local = [m.sums for m in members if m.sums is not None]
+    device = local[0].device
+    sums = torch.stack([partials[:6] for partials in local])
+    pending = [_all_reduce_async(sums, dist.ReduceOp.SUM, group)]
+    lows = products = None
+    if any(m.extremes is not None for m in members):
+        none = torch.tensor([math.inf] * 4 + [0.0], dtype=torch.float64, device=device)
+        lows = torch.stack([none if m.extremes is None else m.extremes for m in members])
+        pending.append(_all_reduce_async(lows, dist.ReduceOp.MIN, group))
+    if any(m.products is not None for m in members):
+        one = torch.ones(2, dtype=torch.float64, device=device)
+        products = torch.stack([one if m.products is None else m.products for m in members])
+        pending.append(_all_reduce_async(products, dist.ReduceOp.PRODUCT, group))
+    for work in pending:
+        work.wait()
+    deviations = None
+    if any(set(m.names) & _STD_NAMES for m in members):
+        deviations = _deviations(members, sums, group)
+    values = _to_host(sums, lows, products, deviations)
+    for i, member in enumerate(members):
+        member.ready = _results(member, [v[i] if v is not None else None for v in values])
+
+
+def _deviations(members: list[_Partials], global_sums: torch.Tensor,
+                group: dist.ProcessGroup) -> torch.Tensor:
+    """Each tensor's sum of squared deviations from its global mean, of x and of |x|, combined
+    over ``group``: every rank adds its local one (column 6 and 7 of its partials, about its
+    own mean) and ``n_i * (mean_i - mean)**2`` (Chan et al.), then one SUM all-reduce."""
+    device = global_sums.device
+    counts = torch.tensor([float(m.count) for m in members], dtype=torch.float64, device=device)
+    local_counts = torch.tensor([float(m.local_count) for m in members], dtype=torch.float64,
+                                device=device)
+    local = torch.stack([m.sums for m in members if m.sums is not None])
+    global_means = global_sums[:, 0:2] / counts[:, None]
+    local_means = local[:, 0:2] / local_counts.clamp(min=1.0)[:, None]
+    between = local_counts[:, None] * (local_means - global_means).square()
+    deviations = local[:, 6:8] + between
+    _all_reduce_async(deviations, dist.ReduceOp.SUM, group).wait()
+    return deviations
+
+
+def _to_host(*tensors: torch.Tensor | None) -> list[list[list[float]] | None]:
+    """The combined partials on the host: one device-to-host copy per all-reduced tensor."""
+    return [None if t is None else t.tolist() for t in tensors]
+
+
+def _results(entry: _Partials, values: list[list[float] | None]) -> list[np.ndarray | None]:
+    """The reductions of one tensor from its combined partials (rows of :func:`_combine_group`)."""
+    sums, lows, products, deviations = values
+    assert sums is not None
+    out: dict[tuple[str, bool], float] = {}
+    count = entry.count
+    for a in (False, True):
+        for name in _SUM_NAMES:
+            out[name, a] = _from_sums(sums, name, a, count)
+        if lows is not None:
+            nan = lows[4] < 0  # any rank held a NaN: NaN, as torch.min and torch.max propagate it
+            out["min", a] = math.nan if nan else lows[int(a)]
+            out["max", a] = math.nan if nan else -lows[2 + int(a)]
+        if products is not None:
+            out["prod", a] = products[int(a)]
+        if deviations is not None:
+            out["variance", a] = deviations[int(a)] / count
+            out["std", a] = math.sqrt(out["variance", a])
+    return [_as_reference(out[name, abs_], name, entry.work)
+            for name, (_, abs_) in zip(entry.names, entry.items)]
 
 
 def _work_dtype(t: torch.Tensor) -> torch.dtype:
@@ -241,41 +403,9 @@ _STD_NAMES = frozenset({"std", "variance"})
 _SUM_NAMES = frozenset({"mean", "sum", "l1", "l2", "nan_count", "inf_count", "zero_fraction"})
 
 
-def _global_values(shard: torch.Tensor, names: set[str], count: int,
-                   group: dist.ProcessGroup) -> dict[tuple[str, bool], float]:
-    """Reductions ``names`` of the global tensor, plain and of the absolute value, keyed by
-    (name, abs), from this rank's float64 ``shard``; ``count`` is the global number of elements.
-
-    One all-reduce per kind of partial, each only if a name needs it: sums (also the base of
-    std and variance), minima (maxima ride along negated), products, and squared deviations
-    from the global mean (after the sums, as they need the mean).
-    """
-    out: dict[tuple[str, bool], float] = {}
-    sums = [0.0] * 6
-    if names & (_SUM_NAMES | _STD_NAMES):
-        sums = _all_reduce(_local_sums(shard, names), dist.ReduceOp.SUM, group)
-        out.update({(n, a): _from_sums(sums, n, a, count) for n in _SUM_NAMES for a in (False, True)})
-    if names & {"min", "max"}:
-        lows = _all_reduce(_local_extremes(shard), dist.ReduceOp.MIN, group)
-        nan = lows[4] < 0  # any rank held a NaN: NaN, as torch.min and torch.max propagate it
-        for a in (False, True):
-            out["min", a] = math.nan if nan else lows[int(a)]
-            out["max", a] = math.nan if nan else -lows[2 + int(a)]
-    if "prod" in names:
-        products = _all_reduce(_local_products(shard), dist.ReduceOp.PRODUCT, group)
-        out.update({("prod", a): products[int(a)] for a in (False, True)})
-    if names & _STD_NAMES:
-        means = [sums[0] / count, sums[1] / count]
-        squares = _all_reduce(_local_squared_deviations(shard, means), dist.ReduceOp.SUM, group)
-        for a in (False, True):
-            out["variance", a] = squares[int(a)] / count
-            out["std", a] = math.sqrt(out["variance", a])
-    return out
-
-
 def _from_sums(sums: Sequence[float], name: str, abs_: bool, count: int) -> float:
     """A reduction from the all-reduced partials of :func:`_local_sums`."""
-    total, total_abs, squares, nans, infs, zeros = sums
+    total, total_abs, squares, nans, infs, zeros = sums[:6]
     if name in ("mean", "sum"):
         s = total_abs if abs_ else total
         return s / count if name == "mean" else s
@@ -284,18 +414,22 @@ def _from_sums(sums: Sequence[float], name: str, abs_: bool, count: int) -> floa
 
 
 #: Which partial of :func:`_local_sums` each reduction needs (by position).
-_SUM_PARTIALS = {"mean": (0, 1), "sum": (0, 1), "std": (0, 1), "variance": (0, 1), "l1": (1,),
-                 "l2": (2,), "nan_count": (3,), "inf_count": (4,), "zero_fraction": (5,)}
+_SUM_PARTIALS = {"mean": (0, 1), "sum": (0, 1), "std": (0, 1, 6, 7), "variance": (0, 1, 6, 7),
+                 "l1": (1,), "l2": (2,), "nan_count": (3,), "inf_count": (4,), "zero_fraction": (5,)}
 
 
 def _local_sums(shard: torch.Tensor, names: set[str]) -> torch.Tensor:
-    """sum(x), sum(|x|), sum(|x|**2), and counts of NaN, inf and zero elements, of the shard;
-    a partial no reduction in ``names`` needs is left 0 (not computed: each is a pass over the
-    shard)."""
+    """sum(x), sum(|x|), sum(|x|**2), counts of NaN, inf and zero elements, and the sums of
+    squared deviations of x and |x| from the shard's own means, of the shard; a partial no
+    reduction in ``names`` needs is left 0 (not computed: each is a pass over the shard). The
+    last two stay on this rank (see :func:`_deviations`); the first six are all-reduced."""
     needed = {i for n in names for i in _SUM_PARTIALS.get(n, ())}
+    n = max(shard.numel(), 1)
     parts = [
         (lambda: shard.sum()), (lambda: shard.abs().sum()), (lambda: shard.abs().square().sum()),
         (lambda: shard.isnan().sum()), (lambda: shard.isinf().sum()), (lambda: (shard == 0).sum()),
+        (lambda: (shard - shard.sum() / n).square().sum()),
+        (lambda: (shard.abs() - shard.abs().sum() / n).square().sum()),
     ]
     zero = torch.zeros((), dtype=torch.float64, device=shard.device)
     return torch.stack([part().double() if i in needed else zero for i, part in enumerate(parts)])
@@ -317,15 +451,12 @@ def _local_products(shard: torch.Tensor) -> torch.Tensor:
     return torch.stack([shard.prod(), shard.abs().prod()])
 
 
-def _local_squared_deviations(shard: torch.Tensor, means: Sequence[float]) -> torch.Tensor:
-    """sum((x - mean)**2) and sum((|x| - mean_abs)**2) of the shard, for the global means."""
-    return torch.stack([(shard - means[0]).square().sum(),
-                        (shard.abs() - means[1]).square().sum()])
-
-
-def _all_reduce(partials: torch.Tensor, op: dist.ReduceOp.RedOpType,
-                group: dist.ProcessGroup) -> list[float]:
-    """``partials`` (float64) combined over ``group`` with ``op``, counted in bytes_moved."""
-    dist.all_reduce(partials, op=op, group=group)
+def _all_reduce_async(partials: torch.Tensor, op: dist.ReduceOp.RedOpType,
+                      group: dist.ProcessGroup) -> Any:
+    """Start combining ``partials`` (float64, in place) over ``group`` with ``op``; returns the
+    work to wait on. Counted in bytes_moved and collectives_issued."""
+    global _collectives
+    work = dist.all_reduce(partials, op=op, group=group, async_op=True)
     _count(partials.numel() * partials.element_size() * (dist.get_world_size(group) - 1))
-    return [float(x) for x in partials.tolist()]
+    _collectives += 1
+    return work

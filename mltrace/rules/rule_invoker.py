@@ -244,8 +244,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--raise-rule-eval-cond-exception", nargs="?", const="true", default="false",
                    help="stop at the first step where the condition holds, raising")
     p.add_argument("--action-str", default=None, help='e.g. \'{"name": "stoptraining"}\'')
-    p.add_argument("--wait", type=float, default=None,
-                   help="seconds to wait for the trial's first files (live training)")
+    p.add_argument("--wait", type=float, default=None, metavar="SECONDS",
+                   help="seconds to wait for the trial's first files (live training; default: "
+                        "a path that does not exist fails at once, an existing folder waits "
+                        "MLTRACE_TRIAL_WAIT seconds)")
     p.add_argument("--logging-level", default=None)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--mlflow-parent-run-id", default=None,
@@ -292,6 +294,11 @@ def _run_one(run: _Run, rule_name: str, rule_file: str | None, params: dict[str,
     from mltrace.trials import create_trial
 
     cls = load_rule_class(rule_name, rule_file)
+    for path in (run.trial_dir, *run.other):
+        if run.wait is None and "://" not in path and not os.path.exists(path):
+            raise MltraceValueError(
+                f"trial {path!r} does not exist: pass a hook's out_dir, or --wait SECONDS to "
+                "wait for a training job that has not written its first step yet")
     base = create_trial(run.trial_dir, timeout=run.wait)  # None: the default wait
     others = [create_trial(p, timeout=run.wait) for p in run.other]
     rule = create_rule(cls, base, others, params, run.action_str)
