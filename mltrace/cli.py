@@ -4,7 +4,7 @@ Built in: ``info`` and ``upload-spill``. Other packages add subcommands through 
 ``mltrace.commands`` entry-point group (``mltrace.plugins.commands``): the MLflow side adds
 ``compare``, the TensorBoard plugin ``tensorboard``.
 
-mltrace info TRIAL_DIR      collections, tensors and steps of a trial
+mltrace info TRIAL_DIR [--wait SECONDS]   collections, tensors and steps of a trial
 mltrace compare [EXPERIMENT ...] [--filter F] [--tensor T] [--stat S]   MLflow runs side by side
 mltrace tensorboard DIR_OR_S3 [TENSORBOARD_ARGS]   TensorBoard with the mltrace tab on the trials
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -30,7 +31,8 @@ def _info(args: argparse.Namespace) -> int:
     from mltrace.analysis import trial_overview
     from mltrace.trials import create_trial
 
-    trial = create_trial(args.trial, timeout=args.timeout)
+    _check_exists(args.trial, args.wait)
+    trial = create_trial(args.trial, timeout=args.wait)
     info = trial_overview(trial)
     print(f"trial {info.location}")
     print(f"  workers: {', '.join(info.workers)}; training ended: {info.ended}")
@@ -52,6 +54,22 @@ def _info(args: argparse.Namespace) -> int:
                 + ", ".join(orphans)
             )
     return 0
+
+
+def _check_exists(location: str, wait: float) -> None:
+    """Fail at once on a local path that does not exist, unless the user asked to wait for it
+    (a training job that has not created its out_dir yet).
+
+    Raises:
+        MltraceValueError: ``location`` is a missing local path and ``wait`` is 0.
+    """
+    from mltrace.exceptions import MltraceValueError
+
+    if wait > 0 or "://" in location or os.path.exists(location):
+        return
+    raise MltraceValueError(
+        f"{location!r} does not exist: pass a hook's out_dir, or --wait SECONDS to wait for a "
+        "training job that has not written its first step yet")
 
 
 def _span_text(span: StepSpan) -> str:
@@ -87,8 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     info = sub.add_parser("info", help="summarise a trial: collections, tensors, steps per mode")
     info.add_argument("trial", help="the hook's out_dir")
-    info.add_argument("--timeout", type=float, default=10.0,
-                      help="seconds to wait for the trial's first files")
+    info.add_argument("--wait", "--timeout", dest="wait", type=float, default=0.0,
+                      metavar="SECONDS",
+                      help="seconds to wait for the trial's first files (default 0: a missing "
+                           "path fails at once)")
     info.set_defaults(run=_info)
     spill = sub.add_parser("upload-spill",
                            help="upload files a run kept on local disk while S3 was down")
@@ -106,7 +126,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mltrace`` command; returns the exit code."""
     args = build_parser().parse_args(argv)
     try:
-        return args.run(args)
+        code = args.run(args)
+        sys.stdout.flush()  # inside the try: a reader that went away fails here, not at exit
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
     except Exception as exc:  # a clear one-line error instead of a traceback
         from mltrace.exceptions import MltraceError
 
@@ -114,6 +138,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"mltrace: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _reader_gone() -> int:
+    """Output piped into a reader that stopped early (``mltrace info ... | head``): end quietly,
+    as a command killed by SIGPIPE does (exit 141), with no traceback and no second error when
+    Python flushes stdout at exit."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout without a file descriptor (a test's capture)
+        pass
+    return 128 + 13  # 128 + SIGPIPE
 
 
 if __name__ == "__main__":

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -33,6 +35,8 @@ from dataclasses import dataclass, field
 from mltrace.exceptions import MltraceValueError
 from mltrace.format import paths
 from tb_plugin import discovery, metadata
+
+logger = logging.getLogger(__name__)
 
 #: Keep up to 100k steps of every scalar series. Not 0 ("all"): TensorBoard 2.21's scalars
 #: dashboard then asks its data provider for 0 points and draws nothing.
@@ -165,10 +169,54 @@ def run_cli(args: argparse.Namespace) -> int:
         env = " ".join(f"{k}={v}" for k, v in launch.env.items())
         print((env + " " if env else "") + " ".join(command))
         return 0
+    return run_child(command, {**os.environ, **launch.env})
+
+
+def run_child(command: list[str], env: dict[str, str]) -> int:
+    """Run TensorBoard as a child and wait for it; SIGTERM, SIGINT and SIGHUP sent to this process
+    are passed on to it, so that stopping ``mltrace tensorboard`` stops TensorBoard and frees its
+    port (instead of leaving an orphan behind). On Linux the child also gets SIGTERM if this
+    process dies without forwarding (SIGKILL). Returns the child's exit code (0 when TensorBoard
+    shut down cleanly on the signal; 128 + signal number when the signal killed it, as a shell
+    reports it)."""
+    proc = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent)
+    forwarded: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        forwarded.append(signum)
+        if proc.poll() is None:
+            proc.send_signal(signum)
+
+    wanted = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP]
+    previous = {s: signal.signal(s, forward) for s in wanted}
     try:
-        return subprocess.call(command, env={**os.environ, **launch.env})
-    except KeyboardInterrupt:
-        return 130
+        while True:
+            try:
+                code = proc.wait()
+                break
+            except KeyboardInterrupt:  # a handler that was not ours ran: pass it on and wait
+                forward(signal.SIGINT, None)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if forwarded:
+        logger.info("mltrace tensorboard: passed signal %d on; TensorBoard exited with %d",
+                    forwarded[0], code)
+    return 128 - code if code < 0 else code
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux for SIGTERM when the parent dies (prctl
+    PR_SET_PDEATHSIG); elsewhere nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 if __name__ == "__main__":
