@@ -279,10 +279,7 @@ class TorchAdapter(Adapter):
             return  # in backward: activation checkpointing re-running the model
         if self.step_boundary == "trainer" or self._continues_step(hook):
             return
-        self._begin_step(hook)
-        if hook.stop_requested is not None:
-            # A rule asked to stop: finish the trial, then end the user's loop at this boundary.
-            raise hook.stop_training_error()
+        self._begin_step(hook, raise_stop=True)
 
     @guarded()
     def begin_batch(self) -> None:
@@ -294,12 +291,16 @@ class TorchAdapter(Adapter):
         if hook is not None and not self._continues_step(hook):
             self._begin_step(hook)
 
-    def _begin_step(self, hook: Hook) -> None:
-        """Begin a step and save the registered model's parameters if it saves anything."""
+    def _begin_step(self, hook: Hook, raise_stop: bool = False) -> None:
+        """Begin a step and save the registered model's parameters if it saves anything
+        (``raise_stop``: a rule's stop request closes the trial and raises, before that)."""
         self._boundary_at = self.optimizer_steps.count
         self._grad_scale = None
         self._save_sharded_reductions()
         hook.begin_step()
+        if raise_stop and hook.stop_requested is not None:
+            # A rule asked to stop: finish the trial, then end the user's loop at this boundary.
+            raise hook.stop_training_error()
         if hook.step_active:
             root = self.names[id(self.modules[0])]
             for pname, param in self.modules[0].named_parameters():
