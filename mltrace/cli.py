@@ -1,8 +1,8 @@
 """The ``mltrace`` command. Subcommands import what they need lazily.
 
-Built in: ``info`` and ``upload-spill``. Other packages add subcommands through the
-``mltrace.commands`` entry-point group (``mltrace.plugins.commands``): the MLflow side adds
-``compare``, the TensorBoard plugin ``tensorboard``.
+Built in: ``info``, ``upload-spill`` and ``run`` (mltrace.launch). Other packages add
+subcommands through the ``mltrace.commands`` entry-point group (``mltrace.plugins.commands``):
+the MLflow side adds ``compare``, the TensorBoard plugin ``tensorboard``.
 
 mltrace info TRIAL_DIR [--wait SECONDS]   collections, tensors and steps of a trial
 mltrace compare [EXPERIMENT ...] [--filter F] [--tensor T] [--stat S]   MLflow runs side by side
@@ -114,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="upload files a run kept on local disk while S3 was down")
     spill.add_argument("folder", help="the spill folder named in the run's log")
     spill.set_defaults(run=_upload_spill)
+    from mltrace.launch.command import add_command as add_run  # mltrace run (zero script change)
+
+    add_run(sub)
     for name, add_command in sorted(plugins.commands.items().items()):
         try:
             add_command(sub)

@@ -230,7 +230,12 @@ def create_hook_from_config(cls: Any, json_file_path: str | None = None,
                             save_defaults: Mapping[str, Any] | None = None) -> Any:
     """Build hook class ``cls`` from the configuration file: constructor arguments first, then
     each configured collection's settings (every adapter's ``create_from_json_file``)."""
-    config = load_hook_config(json_file_path, save_defaults=save_defaults)
+    return create_hook_from_parsed(cls, load_hook_config(json_file_path, save_defaults=save_defaults))
+
+
+def create_hook_from_parsed(cls: Any, config: HookConfig) -> Any:
+    """Build hook class ``cls`` from a parsed configuration (``mltrace run`` parses the document
+    it hands to each process; ``create_hook_from_config`` parses a file)."""
     hook = cls(**config.hook_kwargs)
     for name, settings in config.collections.items():
         coll = hook.get_collection(name)
