@@ -32,6 +32,7 @@ TAG_RULE_STATUS = "mltrace.rule_status"
 TAG_FIRST_STEP = "mltrace.first_step"
 TAG_MESSAGE = "mltrace.message"
 TAG_ISSUES_FOUND = "mltrace.issues_found"
+TAG_EXECUTION = "mltrace.watch.execution"  # a rule run's execution key under `mltrace watch`
 RULE_TAG_PREFIX = "mltrace.rule."  # on the training run: mltrace.rule.<Rule>.<field>
 PARENT_RUN_TAG = "mlflow.parentRunId"
 ARTIFACT_DIR = "mltrace"

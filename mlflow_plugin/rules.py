@@ -47,6 +47,9 @@ _FLUSH_SECONDS = 5.0
 OPTIONS = {
     "parent_run_id": "MLflow run whose child the rule run is (default: the run in the trial's "
                      "run file, if any)",
+    "execution": "a key naming this rule execution of this trial (``mltrace watch`` gives one): "
+                 "a run tagged with it is resumed instead of creating another, so a restarted "
+                 "watcher never duplicates rule runs or their metrics",
 }
 
 
@@ -70,7 +73,8 @@ def create_listener(options: Mapping[str, Any] | None = None) -> MlflowRuleListe
             + "; ".join(f"{k}: {v}" for k, v in OPTIONS.items()))
     if importlib.util.find_spec("mlflow") is None:
         return None
-    return MlflowRuleListener(parent_run_id=options.get("parent_run_id") or None)
+    return MlflowRuleListener(parent_run_id=options.get("parent_run_id") or None,
+                              execution=options.get("execution") or None)
 
 
 @dataclass
@@ -82,6 +86,8 @@ class _RuleRun:
     metrics: list = field(default_factory=list)
     last_flush: float = field(default_factory=time.monotonic)
     tagged_first: bool = False
+    #: steps whose condition_met an earlier attempt of a resumed run already logged
+    logged_steps: set[int] = field(default_factory=set)
 
 
 class MlflowRuleListener:
@@ -90,10 +96,12 @@ class MlflowRuleListener:
     Args:
         parent_run_id: the MLflow run whose child each rule run is; None: the run in the trial's
             run file, if any.
+        execution: a key of the rule execution (see OPTIONS); None: always a new run.
     """
 
-    def __init__(self, parent_run_id: str | None = None) -> None:
+    def __init__(self, parent_run_id: str | None = None, execution: str | None = None) -> None:
         self.parent_run_id = parent_run_id
+        self.execution = execution
         self._runs: dict[str, _RuleRun] = {}
 
     # -- listener protocol ------------------------------------------------------------------
@@ -115,7 +123,9 @@ class MlflowRuleListener:
             uri = _tracking.resolve_tracking_uri()
         client = MlflowClient(tracking_uri=uri)
         parent = self._parent_run(client, parent_id, uri, rule.rule_name) if parent_id else None
-        state = self._create_run(client, uri, rule, parent)
+        state = self._resumed_run(client, uri, rule, parent) if self.execution else None
+        if state is None:
+            state = self._create_run(client, uri, rule, parent, self.execution)
         self._runs[result.run_id] = state
         result.mlflow_run_id = state.run_id
         result.mlflow_experiment_id = state.experiment_id
@@ -147,17 +157,42 @@ class MlflowRuleListener:
         return parent
 
     @staticmethod
-    def _create_run(client: Any, uri: str, rule: Any, parent: Any) -> _RuleRun:
-        """The rule's run: in the parent's experiment when there is a parent, else in the
-        active one."""
+    def _experiment_id(client: Any, uri: str, parent: Any) -> str:
+        """The parent's experiment when there is a parent, else the active one."""
         import mlflow
-        from mlflow.tracking.context.registry import resolve_tags
 
         if parent is not None:
-            experiment_id = parent.info.experiment_id
-        else:
-            fluent = uri == _tracking.absolute_uri(mlflow.get_tracking_uri())
-            experiment_id = _tracking.experiment_id_for(client, fluent_store=fluent)
+            return str(parent.info.experiment_id)
+        fluent = uri == _tracking.absolute_uri(mlflow.get_tracking_uri())
+        return str(_tracking.experiment_id_for(client, fluent_store=fluent))
+
+    def _resumed_run(self, client: Any, uri: str, rule: Any, parent: Any) -> _RuleRun | None:
+        """The run an earlier attempt of this execution created (tagged with its key and the
+        trial), set RUNNING again, or None when there is none."""
+        experiment_id = self._experiment_id(client, uri, parent)
+        trial = _tracking.trial_location(rule.base_trial.path)
+        found = client.search_runs(
+            [experiment_id], max_results=1, order_by=["attributes.start_time ASC"],
+            filter_string=(f"tags.`{_keys.TAG_EXECUTION}` = '{_quote(self.execution)}' AND "
+                           f"tags.`{_keys.TAG_TRIAL}` = '{_quote(trial)}'"))
+        if not found:
+            return None
+        run_id = found[0].info.run_id
+        client.update_run(run_id, status="RUNNING")
+        logged = {m.step for m in client.get_metric_history(run_id, METRIC_CONDITION_MET)}
+        logger.info("%s on %s: resuming MLflow run %s (execution %s; %d steps logged before)",
+                    rule.rule_name, trial, run_id, self.execution, len(logged))
+        return _RuleRun(client, run_id, experiment_id,
+                        parent.info.run_id if parent is not None else None, logged_steps=logged)
+
+    @classmethod
+    def _create_run(cls, client: Any, uri: str, rule: Any, parent: Any,
+                    execution: str | None = None) -> _RuleRun:
+        """The rule's run: in the parent's experiment when there is a parent, else in the
+        active one."""
+        from mlflow.tracking.context.registry import resolve_tags
+
+        experiment_id = cls._experiment_id(client, uri, parent)
         tags = {
             _keys.TAG_RUN_TYPE: "rule", _keys.TAG_RULE: rule.rule_name,
             _keys.TAG_VERSION: __version__,
@@ -166,6 +201,8 @@ class MlflowRuleListener:
         }
         if parent is not None:
             tags[_keys.PARENT_RUN_TAG] = parent.info.run_id
+        if execution:
+            tags[_keys.TAG_EXECUTION] = execution
         run = client.create_run(experiment_id, run_name=rule.rule_name,
                                 tags={k: _keys.tag_value(v) for k, v in resolve_tags(tags).items()})
         return _RuleRun(client, run.info.run_id, experiment_id,
@@ -178,6 +215,10 @@ class MlflowRuleListener:
             return
         from mlflow.entities import Metric
 
+        if int(step) in state.logged_steps:  # a resumed run: an earlier attempt logged it
+            if met:
+                state.tagged_first = True
+            return
         state.metrics.append(Metric(METRIC_CONDITION_MET, 1.0 if met else 0.0,
                                     int(time.time() * 1000), int(step)))
         if met and not state.tagged_first:
@@ -208,6 +249,9 @@ class MlflowRuleListener:
 
             state.client.log_dict(state.run_id, asdict(result),
                                   f"{_keys.ARTIFACT_DIR}/rule_result.json")
+            if result.traceback:
+                state.client.log_text(state.run_id, result.traceback,
+                                      f"{_keys.ARTIFACT_DIR}/traceback.txt")
         finally:
             failed = result.status == results.ERROR
             state.client.set_terminated(state.run_id, "FAILED" if failed else "FINISHED")
@@ -260,3 +304,8 @@ class MlflowRuleListener:
         state.last_flush = time.monotonic()
         for chunk in _keys.chunks(metrics, _keys.MAX_METRICS_PER_BATCH):
             state.client.log_batch(state.run_id, metrics=chunk, synchronous=True)
+
+
+def _quote(value: str | None) -> str:
+    """``value`` for a single-quoted MLflow filter string."""
+    return (value or "").replace("\\", "\\\\").replace("'", "\\'")

@@ -34,17 +34,25 @@ build_venv() {  # build_venv DIR REQUIREMENTS
 }
 
 install_debian_packages() {
-  # Headless Chromium and its driver for the TensorBoard plugin's browser test (never a browser download).
-  if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then
+  # Headless Chromium and its driver for the TensorBoard plugin's browser test (never a browser download),
+  # and PostgreSQL for the MLflow-on-PostgreSQL tests (initdb/pg_ctl under /usr/lib/postgresql/*/bin).
+  local missing=()
+  if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+    missing+=(chromium chromium-driver)
+  fi
+  if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    missing+=(postgresql)
+  fi
+  if [ ${#missing[@]} = 0 ]; then
     return
   fi
   if [ "$(id -u)" != 0 ]; then
-    echo "[setup] chromium/chromium-driver missing and not root: run 'sudo apt-get install chromium chromium-driver'" >&2
+    echo "[setup] ${missing[*]} missing and not root: run 'sudo apt-get install ${missing[*]}'" >&2
     return
   fi
-  echo "[setup] installing chromium and chromium-driver with apt-get"
+  echo "[setup] installing ${missing[*]} with apt-get"
   DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
 case "${1:-all}" in

@@ -28,6 +28,9 @@ STOP_SIGNAL_FILE = "mltrace_stop_training.json"
 WORKERS_DONE_DIR = "mltrace_done"
 #: one JSON per rule execution (mltrace.rules.results), read by the TensorBoard plugin.
 RULE_RESULTS_DIR = "mltrace_rules"
+#: one JSON per rule execution that ``mltrace watch`` finished (mltrace.watch.state): what a
+#: restarted watcher skips.
+WATCH_STATE_DIR = "mltrace_watch"
 INDEX_FILES_PER_PREFIX = 1000
 DEFAULT_WORKER_NAME = "worker_0"
 

@@ -31,6 +31,9 @@ NO_ISSUES_FOUND = "NoIssuesFound"
 ISSUES_FOUND = "IssuesFound"
 IN_PROGRESS = "InProgress"
 ERROR = "Error"
+#: The rule ran but found no tensor to check (e.g. DeadRelu on a trial without ReLU outputs):
+#: not the same as checking and finding nothing.
+NOTHING_CHECKED = "NothingChecked"
 
 
 @dataclass
@@ -48,6 +51,8 @@ class RuleResult:
     first_step: int | None = None
     message: str | None = None
     error: str | None = None
+    #: the Python traceback of an error (None unless ``error``), for the MLflow run's artifact
+    traceback: str | None = None
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     mlflow_run_id: str | None = None
     mlflow_experiment_id: str | None = None
@@ -152,10 +157,10 @@ _NUMBER = (int, float)
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "rule": (str,), "trial": (str,), "parameters": (dict,), "status": (str,), "started": _NUMBER,
     "ended": _NUMBER, "evaluated_steps": (int,), "fired_steps": (list,), "first_step": (int,),
-    "message": (str,), "error": (str,), "run_id": (str,), "mlflow_run_id": (str,),
+    "message": (str,), "error": (str,), "traceback": (str,), "run_id": (str,), "mlflow_run_id": (str,),
     "mlflow_experiment_id": (str,),
 }
-_OPTIONAL = {"ended", "first_step", "message", "error", "mlflow_run_id", "mlflow_experiment_id"}
+_OPTIONAL = {"ended", "first_step", "message", "error", "traceback", "mlflow_run_id", "mlflow_experiment_id"}
 
 
 def _checked(result: RuleResult) -> RuleResult:

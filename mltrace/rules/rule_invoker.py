@@ -22,6 +22,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -68,8 +69,8 @@ def invoke_rule(rule: Rule, start_step: int | None = None, end_step: int | None 
             of that run.
 
     Returns:
-        the RuleResult (also when NoMoreData ends the run: it is attached to the exception as
-        ``exc.rule_result``).
+        the RuleResult (also when NoMoreData or an error ends the run: it is attached to the
+        exception as ``exc.rule_result``; an error's traceback is in ``result.traceback``).
     """
     step = 0 if start_step is None else int(start_step)
     result = results.RuleResult(rule=rule.rule_name, trial=rule.base_trial.path,
@@ -86,12 +87,16 @@ def invoke_rule(rule: Rule, start_step: int | None = None, end_step: int | None 
         raise
     except BaseException as exc:
         result.error = f"{type(exc).__name__}: {exc}"
+        result.traceback = traceback.format_exc()
+        exc.rule_result = result  # type: ignore[attr-defined]
         raise
     finally:
         if bar is not None:
             bar.close()
         result.status = (results.ERROR if result.error else
-                         results.ISSUES_FOUND if result.fired_steps else results.NO_ISSUES_FOUND)
+                         results.ISSUES_FOUND if result.fired_steps else
+                         results.NOTHING_CHECKED if rule.nothing_checked else
+                         results.NO_ISSUES_FOUND)
         result.ended = time.time()
         results.notify("finished", rule, result, listeners=listeners)
         results.save_result(rule, result)
@@ -311,6 +316,8 @@ def _run_one(run: _Run, rule_name: str, rule_file: str | None, params: dict[str,
     summary = f"{rule.rule_name}: {result.status}; evaluated {result.evaluated_steps} steps"
     if found:
         summary += f"; fired at steps {_short(result.fired_steps)}: {result.message}"
+    elif result.status == results.NOTHING_CHECKED:
+        summary += "; no tensor of the trial matched what the rule inspects (see its parameters)"
     print(summary)
     return 1 if found else 0
 

@@ -1,0 +1,109 @@
+"""Rule executions on an existing Ray cluster (``mltrace watch --ray-address``).
+
+A rule on a trial that is still training runs in an actor of its own (one per live rule, killed
+when the rule ends); a rule on a finished trial is a plain Ray task. Both call
+``run_execution``, so results, MLflow runs and state are the same as with the local pool. The
+cluster's workers get the watcher's ``AWS_*``, ``MLFLOW_*`` and ``MLTRACE_*`` variables through
+the job's runtime environment, so they reach the same S3 and tracking server. Actors and tasks
+belong to the watcher's job: Ray ends them when the watcher goes away.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import Future
+from typing import Any
+
+from mltrace.exceptions import MltraceRuntimeError, MltraceValueError
+from mltrace.watch.execution import Execution, run_execution
+from mltrace.watch.state import Outcome
+
+logger = logging.getLogger(__name__)
+
+#: environment variables the cluster's workers need to reach the watcher's storage and tracking
+FORWARDED_PREFIXES = ("AWS_", "MLFLOW_", "MLTRACE_", "S3_")
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise MltraceValueError(
+            "--ray-address needs Ray: pip install 'mltrace[ray]' (or leave --ray-address out "
+            "to run rules in a local process pool)") from None
+    return ray
+
+
+def forwarded_env() -> dict[str, str]:
+    """The variables the cluster's workers get (see the module docstring)."""
+    return {k: v for k, v in os.environ.items() if k.startswith(FORWARDED_PREFIXES)}
+
+
+class RayExecutor:
+    """Connects to the Ray cluster at ``address`` and runs executions there.
+
+    Args:
+        address: ``auto``, ``host:port`` of the head's GCS, or ``ray://host:port`` (Ray Client).
+        num_cpus: CPUs Ray reserves per rule execution (rules mostly wait for steps).
+
+    Raises:
+        MltraceValueError: Ray is not installed.
+        MltraceRuntimeError: no cluster answers at ``address`` (the message names it and how to
+            start one).
+    """
+
+    def __init__(self, address: str, num_cpus: float = 0.5) -> None:
+        ray = _import_ray()
+        self.address = address
+        self.num_cpus = num_cpus
+        try:
+            ray.init(address=address, runtime_env={"env_vars": forwarded_env()},
+                     logging_level=logging.WARNING, log_to_driver=True,
+                     namespace="mltrace-watch")
+        except Exception as exc:
+            raise MltraceRuntimeError(
+                f"cannot connect to the Ray cluster at --ray-address {address!r}: "
+                f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}; "
+                "start one with 'ray start --head' (then use 'auto' or its address, or "
+                "ray://HOST:10001 for Ray Client), or leave --ray-address out to use a local "
+                "process pool") from None
+        self._ray = ray
+        self._task = ray.remote(run_execution).options(num_cpus=num_cpus, max_retries=0)
+        self._actor_cls = ray.remote(_RuleActor).options(num_cpus=num_cpus, max_restarts=0)
+        self._actors: dict[tuple[str, str], Any] = {}
+        resources = ray.cluster_resources()
+        self.description = (f"Ray cluster at {address} ({resources.get('CPU', 0):g} CPUs, "
+                            f"{len(ray.nodes())} nodes)")
+
+    def submit(self, execution: Execution, live: bool) -> Future[Outcome]:
+        """A Ray task for a finished trial; an actor of its own for a live one."""
+        if not live:
+            return self._task.remote(execution).future()
+        actor = self._actor_cls.remote()
+        self._actors[(execution.trial, execution.key)] = actor
+        return actor.run.remote(execution).future()
+
+    def release(self, execution: Execution) -> None:
+        """Kill the execution's actor, if it had one."""
+        actor = self._actors.pop((execution.trial, execution.key), None)
+        if actor is not None:
+            self._ray.kill(actor, no_restart=True)
+
+    def shutdown(self) -> None:
+        """Kill the actors and leave the cluster (which ends the job's tasks)."""
+        for actor in self._actors.values():
+            try:
+                self._ray.kill(actor, no_restart=True)
+            except Exception as exc:
+                logger.debug("could not kill actor: %s", exc)
+        self._actors.clear()
+        self._ray.shutdown()
+
+
+class _RuleActor:
+    """A Ray actor holding one live rule execution."""
+
+    def run(self, execution: Execution) -> Outcome:
+        """Run the execution to the end of its trial's training."""
+        return run_execution(execution)
