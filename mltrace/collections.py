@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from mltrace.config import ReductionConfig, SaveConfig
+from mltrace.config import EXTRA_REDUCTIONS_KEY, ReductionConfig, SaveConfig
 from mltrace.exceptions import MltraceValueError
 
 logger = logging.getLogger(__name__)
@@ -230,7 +230,7 @@ class Collection:
         }
         extra = reduction.extra_reductions_string()
         if extra:
-            out["mltrace_reductions"] = extra
+            out[EXTRA_REDUCTIONS_KEY] = extra
         return out
 
     @classmethod
@@ -243,11 +243,31 @@ class Collection:
             name=params["name"],
             include_regex=params.get("include_regex") or [],
             tensor_names=params.get("tensor_names") or [],
-            reduction_config=ReductionConfig.from_dict(reduction, params.get("mltrace_reductions"))
+            reduction_config=ReductionConfig.from_dict(reduction, params.get(EXTRA_REDUCTIONS_KEY))
             if reduction is not None else None,
             save_config=_written_save_config(params["name"], params.get("save_config")),
             save_histogram=bool(params.get("save_histogram", True)),
         )
+
+    def to_json(self) -> str:
+        """smdebug's ``to_json``: ``to_json_dict()`` as JSON text (the configs in force filled
+        in); smdebug's ``Collection.from_json`` reads it, and ``from_json`` gives back an equal
+        collection."""
+        return json.dumps(self.to_json_dict())
+
+    @classmethod
+    def from_json(cls, json_str: str | bytes) -> Collection:
+        """smdebug's ``from_json``: the inverse of ``to_json``; reads smdebug's JSON too.
+
+        Raises:
+            MltraceValueError: not JSON, or not a collection entry.
+        """
+        try:
+            params = json.loads(json_str)
+        except (TypeError, ValueError) as exc:
+            raise MltraceValueError(f"Collection.from_json: not JSON text ({exc}): pass the "
+                                    "string Collection.to_json() returned") from None
+        return cls.from_dict(params)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Collection) and self.to_json_dict() == other.to_json_dict()

@@ -7,6 +7,7 @@ They stay mutable after construction (seed 004 disables a collection with
 from __future__ import annotations
 
 import difflib
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, overload
 
@@ -343,6 +344,22 @@ class SaveConfig:
         configs = {mode_from(k): SaveConfigMode.from_dict(v) for k, v in params.items() if v is not None}
         return cls(mode_save_configs=configs)  # type: ignore[arg-type]
 
+    def to_json(self) -> str:
+        """smdebug's ``to_json``: ``to_json_dict()`` as JSON text (smdebug's SaveConfig.from_json
+        reads it; ``when_nan``, mltrace's, is there only when set)."""
+        return json.dumps(self.to_json_dict())
+
+    @classmethod
+    def from_json(cls, json_str: str | bytes) -> SaveConfig:
+        """smdebug's ``from_json``: the inverse of ``to_json`` (reads smdebug's JSON too).
+
+        Raises:
+            MltraceValueError: not JSON, or not a save config.
+        """
+        config = cls.from_dict(_json_object("SaveConfig", json_str))
+        assert config is not None  # from_dict returns None for None only
+        return config
+
     @classmethod
     def parse(cls, obj: Any) -> SaveConfig:
         """Accept None, a SaveConfig, a SaveConfigMode, or a {mode: SaveConfigMode} dict."""
@@ -371,6 +388,8 @@ SMDEBUG_REDUCTIONS = ("min", "max", "mean", "std", "variance", "sum", "prod")
 SMDEBUG_NORMS = ("l1", "l2")
 EXTRA_REDUCTIONS = ("median", "nan_count", "inf_count", "zero_fraction")
 ALL_REDUCTIONS = SMDEBUG_REDUCTIONS + SMDEBUG_NORMS + EXTRA_REDUCTIONS
+#: The JSON key that carries mltrace's own reductions beside smdebug's ``reductions`` string.
+EXTRA_REDUCTIONS_KEY = "mltrace_reductions"
 
 
 def _check_names(kind: str, names: Iterable[str], allowed: Sequence[str], field: str = "") -> list[str]:
@@ -541,20 +560,56 @@ class ReductionConfig:
                    _flag("save_raw_tensor", params.get("save_raw_tensor", False)),
                    _flag("save_shape", params.get("save_shape", False)))
 
+    def to_json(self) -> str:
+        """smdebug's ``to_json``: ``to_json_dict()`` as JSON text, plus mltrace's own reductions
+        under ``mltrace_reductions`` when there are any (smdebug's from_json ignores that key)."""
+        out = self.to_json_dict()
+        extra = self.extra_reductions_string()
+        if extra:
+            out[EXTRA_REDUCTIONS_KEY] = extra
+        return json.dumps(out)
+
+    @classmethod
+    def from_json(cls, json_str: str | bytes) -> ReductionConfig:
+        """smdebug's ``from_json``: the inverse of ``to_json`` (reads smdebug's JSON too).
+
+        Raises:
+            MltraceValueError: not JSON, not a reduction config, or an unknown reduction.
+        """
+        params = _json_object("ReductionConfig", json_str)
+        config = cls.from_dict(params, params.get(EXTRA_REDUCTIONS_KEY))
+        assert config is not None  # params is a dict
+        return config
+
     def copy(self) -> ReductionConfig:
         """An independent copy."""
         return ReductionConfig(self.reductions, self.abs_reductions, self.norms, self.abs_norms,
                                self.save_raw_tensor, self.save_shape)
 
     def __eq__(self, other: object) -> bool:
+        # Order-blind: every listed reduction is computed, whatever the order (and to_json
+        # writes smdebug's reductions before mltrace's own).
         return isinstance(other, ReductionConfig) and (
-            self.items(), self.save_raw_tensor, self.save_shape
-        ) == (other.items(), other.save_raw_tensor, other.save_shape)
+            set(self.items()), self.save_raw_tensor, self.save_shape
+        ) == (set(other.items()), other.save_raw_tensor, other.save_shape)
 
     def __repr__(self) -> str:
         return (f"ReductionConfig(reductions={self.reductions}, abs_reductions={self.abs_reductions}, "
                 f"norms={self.norms}, abs_norms={self.abs_norms}, "
                 f"save_raw_tensor={self.save_raw_tensor}, save_shape={self.save_shape})")
+
+
+def _json_object(what: str, json_str: str | bytes) -> dict[str, Any]:
+    """Parse ``json_str`` for ``<what>.from_json``: a JSON object, or a clear error."""
+    try:
+        value = json.loads(json_str)
+    except (TypeError, ValueError) as exc:
+        raise MltraceValueError(f"{what}.from_json: not JSON text ({exc}): pass the string "
+                                f"{what}.to_json() returned") from None
+    if not isinstance(value, dict):
+        raise MltraceValueError(f"{what}.from_json: {json_str!r} is not a JSON object, the "
+                                f"form {what}.to_json() returns")
+    return value
 
 
 def _flag(name: str, value: Any) -> bool:

@@ -9,8 +9,10 @@ File shape::
                                    "CollectionParameters": {"save_interval": "100", "include_regex": "..."}}]}
 
 Every value may be a string (the SageMaker SDK sends strings). The file is named by the argument,
-else by MLTRACE_CONFIG_FILE_PATH, else SMDEBUG_CONFIG_FILE_PATH. Invalid keys and values are
-rejected with a message naming the key, the value and the fix.
+else by MLTRACE_CONFIG_FILE_PATH, else SMDEBUG_CONFIG_FILE_PATH. An invalid value is rejected
+with a message naming the key, the value and the fix. An unknown key is logged as a warning with
+the closest known key and otherwise ignored, as smdebug ignored it, so that every configuration
+smdebug accepted keeps working; ``"strict": "true"`` in HookParameters makes it an error.
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ HOOK_KEYS = frozenset(
      "dry_run", "mlflow", "strict", *_REDUCTION_KEYS, *_SAVE_KEYS}
     | {p + k for p in _MODE_PREFIXES for k in _SAVE_KEYS}
 )
+#: Keys smdebug-era configurations hold that smdebug read nowhere, and what to do instead.
+IGNORED_KEY_ADVICE = {
+    "include_collections": "smdebug ignored it too: the collections saved are the ones "
+                           "CollectionConfigurations names (or the hook's defaults)",
+}
 COLLECTION_KEYS = frozenset(
     {"include_regex", "save_histogram", *_REDUCTION_KEYS, *_SAVE_KEYS}
     | {p + k for p in _MODE_PREFIXES for k in _SAVE_KEYS}
@@ -118,31 +125,57 @@ def _split(value: Any) -> list[str]:
     return [v.strip() for v in str(value).split(",") if v.strip()]
 
 
-def _check_keys(params: Mapping[str, Any], allowed: frozenset[str], where: str) -> None:
-    unknown = sorted(set(params) - allowed, key=str)
-    if unknown:
-        close = difflib.get_close_matches(str(unknown[0]), sorted(allowed), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise MltraceValueError(
-            f"{where}: unknown key(s) {unknown}{hint}; allowed keys are {sorted(allowed)}"
-        )
+def _check_keys(params: Mapping[str, Any], allowed: frozenset[str], where: str,
+                strict: bool = False) -> None:
+    """Unknown keys: a warning each, with the closest allowed key (smdebug ignored them
+    silently, and a configuration it accepted must keep working); an error when ``strict``."""
+    for key in sorted(set(params) - allowed, key=str):
+        close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
+        advice = IGNORED_KEY_ADVICE.get(str(key))
+        hint = f" ({advice})" if advice else f" (did you mean {close[0]!r}?)" if close else ""
+        if strict:
+            raise MltraceValueError(
+                f"{where}: unknown key {key!r}{hint}; allowed keys are {sorted(allowed)} "
+                "(strict is on; without it the key is ignored with a warning)")
+        logger.warning("%s: ignoring the unknown key %r%s; mltrace reads %s", where, key, hint,
+                       sorted(allowed))
 
 
-def _check_top_level_keys(doc: Mapping[str, Any], path: str) -> None:
-    """A misspelt top-level key (``HookParameter``) would drop its whole section silently, so it
-    is an error; other unknown keys (files SageMaker or other tools wrote) are logged and ignored."""
+def _close_top_level_key(key: str) -> str | None:
+    """The top-level key ``key`` is a misspelling of, if any: case-blind and one or two letters
+    off, so that RuleConfigurations (SageMaker tools write it) is not taken for
+    CollectionConfigurations."""
+    close = [k for k in TOP_LEVEL_KEYS
+             if difflib.SequenceMatcher(None, str(key).lower(), k.lower()).ratio() >= 0.9]
+    return close[0] if close else None
+
+
+def _check_top_level_keys(doc: Mapping[str, Any], path: str, strict: bool) -> None:
+    """Unknown top-level keys are ignored with a warning (files SageMaker or other tools wrote
+    hold more sections); a misspelt one (``HookParameter``) drops its whole section, so its
+    warning names the key meant, and with ``strict`` it is an error."""
     for key in doc:
         if key in TOP_LEVEL_KEYS:
             continue
-        # Case-blind and close (one or two letters off): RuleConfigurations, which SageMaker
-        # tools may write, is not taken for CollectionConfigurations.
-        close = [k for k in TOP_LEVEL_KEYS
-                 if difflib.SequenceMatcher(None, str(key).lower(), k.lower()).ratio() >= 0.9]
-        if close:
+        close = _close_top_level_key(key)
+        if close is not None and strict:
             raise MltraceValueError(
-                f"{path}: unknown top-level key {key!r} (did you mean {close[0]!r}?); "
+                f"{path}: unknown top-level key {key!r} (did you mean {close!r}?); "
                 f"allowed keys are {list(TOP_LEVEL_KEYS)}")
-        logger.warning("%s: ignoring the top-level key %r; mltrace reads %s", path, key, list(TOP_LEVEL_KEYS))
+        if close is not None:
+            logger.warning("%s: ignoring the top-level key %r (did you mean %r? its settings are "
+                           "not used); mltrace reads %s", path, key, close, list(TOP_LEVEL_KEYS))
+        else:
+            logger.warning("%s: ignoring the top-level key %r; mltrace reads %s", path, key,
+                           list(TOP_LEVEL_KEYS))
+
+
+def _strict(doc: Mapping[str, Any], path: str) -> bool:
+    """HookParameters' ``strict`` flag, read first: it also decides how unknown keys are met."""
+    params = doc.get("HookParameters")
+    if not isinstance(params, Mapping) or "strict" not in params:
+        return False
+    return parse_flag(f"{path} HookParameters.strict", params["strict"])
 
 
 def parse_hook_config(doc: Mapping[str, Any], path: str = "<dict>",
@@ -155,14 +188,19 @@ def parse_hook_config(doc: Mapping[str, Any], path: str = "<dict>",
     """
     if not isinstance(doc, Mapping):
         raise MltraceValueError(f"{path}: the configuration must be a JSON object")
-    _check_top_level_keys(doc, path)
+    strict = _strict(doc, path)
+    _check_top_level_keys(doc, path, strict)
     params = doc.get("HookParameters") or {}
     if not isinstance(params, Mapping):
         raise MltraceValueError(f"{path}: HookParameters must be an object, got {params!r}")
-    _check_keys(params, HOOK_KEYS, f"{path} HookParameters")
+    _check_keys(params, HOOK_KEYS, f"{path} HookParameters", strict)
     out_dir = doc.get("LocalPath")
     if not out_dir:
-        raise MltraceValueError(f"{path}: LocalPath (the hook's out_dir) is missing")
+        meant = [k for k in doc if _close_top_level_key(k) == "LocalPath"]
+        raise MltraceValueError(
+            f"{path}: LocalPath (the hook's out_dir) is missing"
+            + (f" (the file has {meant[0]!r}: did you mean 'LocalPath'?)" if meant else
+               ": add \"LocalPath\": \"/path/to/out_dir\""))
     if not isinstance(out_dir, str):
         raise MltraceValueError(f"{path}: LocalPath={out_dir!r} must be a string, the hook's out_dir")
     kwargs: dict[str, Any] = {"out_dir": out_dir}
@@ -203,13 +241,13 @@ def parse_hook_config(doc: Mapping[str, Any], path: str = "<dict>",
             raise MltraceValueError(
                 f"{path}: CollectionConfigurations[{i}] must be an object with CollectionName"
             )
-        _check_keys(entry, COLLECTION_ENTRY_KEYS, f"{path} CollectionConfigurations[{i}]")
+        _check_keys(entry, COLLECTION_ENTRY_KEYS, f"{path} CollectionConfigurations[{i}]", strict)
         name = str(entry["CollectionName"])
         cparams = entry.get("CollectionParameters") or {}
         cwhere = f"{path} collection {name!r}"
         if not isinstance(cparams, Mapping):
             raise MltraceValueError(f"{cwhere}: CollectionParameters must be an object, got {cparams!r}")
-        _check_keys(cparams, COLLECTION_KEYS, cwhere)
+        _check_keys(cparams, COLLECTION_KEYS, cwhere, strict)
         settings: dict[str, Any] = {}
         if "include_regex" in cparams:
             settings["include_regex"] = _split(cparams["include_regex"])

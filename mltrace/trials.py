@@ -44,7 +44,8 @@ from mltrace.format.events import WireError, decode_event, decode_tensor_payload
 from mltrace.format.index import decode_index
 from mltrace.format.records import unframe_record
 from mltrace.modes import ModeKeys, mode_from
-from mltrace.storage import open_storage
+from mltrace.storage import LocalStorage, open_storage
+from mltrace.storage.s3 import S3Storage, parse_s3_uri
 from mltrace.tensor import Tensor
 
 logger = logging.getLogger(__name__)
@@ -172,6 +173,7 @@ class Trial:
         self._collection_manager = CollectionManager.from_json(
             self.storage.read(first), where=f"{self.storage.uri}/{first}"
         )
+        self._written_collections = frozenset(self._collection_manager.collections)
         self.num_workers = max(1, self._collection_manager.num_workers)
         while len(keys) < self.num_workers and time.monotonic() < deadline:
             time.sleep(self.poll_interval)
@@ -275,20 +277,66 @@ class Trial:
             return
         self.refresh_data()
 
+    @property
+    def last_index_token(self) -> str | None:
+        """smdebug's ``last_index_token``: the index file of the last complete step (its last
+        worker's), after which refreshes list new index files. As smdebug names it: a path under
+        the trial directory for a local trial, the key in the bucket for S3 (the URI elsewhere);
+        None until a step is complete. The step it names stays where it was when training
+        ended, as smdebug's does (``last_complete_step`` then moves to the last step)."""
+        if self._token is None:
+            return None
+        if isinstance(self.storage, LocalStorage):
+            return os.path.join(os.path.expanduser(self.storage.uri), self._token)
+        if isinstance(self.storage, S3Storage):
+            return f"{self.storage.prefix}/{self._token}" if self.storage.prefix else self._token
+        return f"{self.storage.uri}/{self._token}"
+
     # -- collections --------------------------------------------------------------------------
     def collections(self) -> dict[str, Collection]:
         """The collections of the trial (from the first worker's collections file)."""
         return self._collection_manager.get_collections()
 
     def collection(self, name: str) -> Collection:
-        """One collection by name."""
-        try:
-            return self._collection_manager.get(name, create=False)
-        except KeyError:
-            raise MltraceValueError(
-                f"collection {name!r} is not in trial {self.name!r}; "
-                f"it has {sorted(self.collections())}"
-            ) from None
+        """One collection by name. A name the trial's collections file does not hold gives a new,
+        empty collection that lives in this Trial object only (smdebug does the same), so that an
+        analysis can group tensors itself and query by it::
+
+            trial.collection("mine").include("^fc1")
+            trial.collection("mine").add_tensor_name("loss")
+            trial.tensor_names(collection="mine")
+
+        Raises:
+            MltraceTypeError: ``name`` is not a string.
+        """
+        if not isinstance(name, str):
+            raise MltraceTypeError(
+                f"collection name {name!r} must be a string, e.g. trial.collection('weights')")
+        if name not in self._collection_manager.collections:
+            logger.debug("trial %s: new analysis-side collection %r", self.name, name)
+        return self._collection_manager.get(name, create=True)
+
+    def _collection_arg(self, collection: str | Collection) -> Collection:
+        """``tensor_names(collection=...)``: a Collection object, or a name (see collection)."""
+        if isinstance(collection, Collection):
+            return collection
+        if not isinstance(collection, str):
+            raise MltraceTypeError(
+                f"tensor_names(collection={collection!r}): pass a collection name or a Collection")
+        return self.collection(collection)
+
+    def _warn_empty_collection(self, coll: Collection) -> None:
+        """A query by an analysis-side collection found nothing: a misspelt name creates an
+        empty collection (as in smdebug), so warn, naming the closest collection the training
+        wrote. (Written collections with nothing saved are common in rules: debug only.)"""
+        if coll.name in self._written_collections:
+            logger.debug("no tensor of collection %r in trial %s", coll.name, self.name)
+            return
+        written = sorted(self._written_collections)
+        close = difflib.get_close_matches(coll.name, written, n=1)
+        logger.warning("no tensor of trial %s is in collection %r, which the training did not "
+                       "write%s", self.name, coll.name,
+                       f" (did you mean {close[0]!r}?)" if close else f"; it wrote {written}")
 
     def tensors_in_collection(self, coll: str | Collection) -> list[Tensor]:
         """Tensor objects of the tensors that belong to a collection."""
@@ -303,7 +351,9 @@ class Trial:
         """Sorted tensor names, optionally those saved at ``step`` (of ``mode``), matching
         ``regex`` (re.search, any of a list) or belonging to ``collection`` (not both)."""
         if regex is not None and collection is not None:
-            raise MltraceValueError("pass regex or collection to tensor_names, not both")
+            raise MltraceValueError(
+                f"tensor_names(regex={regex!r}, collection={collection!r}): pass one of them, "
+                "not both (as smdebug)")
         self.maybe_refresh()
         mode = mode_from(mode)
         tensors = self._index.tensors
@@ -318,8 +368,10 @@ class Trial:
             patterns = [_compile_regex(r) for r in ([regex] if isinstance(regex, str) else regex)]
             names = {n for n in names if any(p.search(n) for p in patterns)}
         if collection is not None:
-            coll = collection if isinstance(collection, Collection) else self.collection(collection)
+            coll = self._collection_arg(collection)
             names = {n for n in names if coll.matches(n)}
+            if not names:
+                self._warn_empty_collection(coll)
         if not names:
             logger.debug("tensor_names found no tensor for step=%s regex=%s collection=%s",
                          step, regex, collection)
@@ -612,6 +664,62 @@ class Trial:
         return f"<Trial {self.name!r} at {self.path!r}: {len(self._index.step_workers)} steps>"
 
 
+class LocalTrial(Trial):
+    """A trial in a local directory: smdebug's ``LocalTrial``, its signature included
+    (``create_trial`` returns one for a local path).
+
+    Args:
+        name: a display name.
+        dirname: the trial directory (``~`` expanded).
+        range_steps, parallel, check, index_mode, cache: as Trial (smdebug's arguments).
+        **kwargs: Trial's other keyword arguments (``timeout``, ``poll_interval``).
+
+    Raises:
+        MltraceValueError: ``dirname`` is a URI (open it with create_trial).
+    """
+
+    def __init__(self, name: str | None, dirname: str,
+                 range_steps: tuple[int | None, int | None] | None = None,
+                 parallel: bool = True, check: bool = False, index_mode: bool = True,
+                 cache: bool = False, **kwargs: Any) -> None:
+        if not isinstance(dirname, str) or "://" in dirname and not dirname.startswith("file://"):
+            raise MltraceValueError(
+                f"LocalTrial(dirname={dirname!r}) takes a local directory; open a URI with "
+                "create_trial(uri) (S3Trial for s3://)")
+        super().__init__(dirname, name=name, range_steps=range_steps, parallel=parallel,
+                         check=check, index_mode=index_mode, cache=cache, **kwargs)
+        #: smdebug's attribute: the trial directory.
+        self.trial_dir = self.path
+
+
+class S3Trial(Trial):
+    """A trial under an S3 prefix: smdebug's ``S3Trial``, its signature included
+    (``create_trial`` returns one for an ``s3://`` URI).
+
+    Args:
+        name: a display name.
+        bucket_name: the bucket.
+        prefix_name: the prefix (the hook's out_dir without ``s3://bucket/``).
+        range_steps, check, index_mode, cache: as Trial (smdebug's arguments).
+        **kwargs: Trial's other keyword arguments (``timeout``, ``poll_interval``, ``parallel``).
+    """
+
+    def __init__(self, name: str | None, bucket_name: str, prefix_name: str,
+                 range_steps: tuple[int | None, int | None] | None = None,
+                 check: bool = False, index_mode: bool = True, cache: bool = False,
+                 **kwargs: Any) -> None:
+        if not isinstance(bucket_name, str) or not bucket_name or "/" in bucket_name:
+            raise MltraceValueError(
+                f"S3Trial(bucket_name={bucket_name!r}) takes a bucket name, e.g. "
+                "S3Trial('run', 'my-bucket', 'jobs/run1'), or use create_trial('s3://...')")
+        #: smdebug's attributes: the bucket, and the prefix ending with "/".
+        self.bucket_name = bucket_name
+        self.prefix_name = str(prefix_name).rstrip("/") + "/"
+        super().__init__(f"s3://{bucket_name}/{prefix_name}", name=name,
+                         range_steps=range_steps, check=check, index_mode=index_mode,
+                         cache=cache, **kwargs)
+
+
 def _compile_regex(regex: Any) -> re.Pattern[str]:
     """Compile a ``tensor_names(regex=...)`` pattern, or raise naming it and the fix."""
     try:
@@ -680,4 +788,13 @@ def create_trial(path: str | None = None, name: str | None = None, *,
     if location is None:
         raise MltraceValueError(
             "create_trial needs the trial's path: create_trial('/path/to/out_dir')")
+    if isinstance(location, str):
+        location = location.strip()
+        scheme = location.split("://", 1)[0].lower() if "://" in location else "file"
+        if scheme == "file":
+            return LocalTrial(name, location, **kwargs)
+        if scheme == "s3":
+            parse_s3_uri(location)  # a clear error for s3:// without a bucket
+            bucket, _, prefix = location[len("s3://"):].partition("/")
+            return S3Trial(name, bucket, prefix, **kwargs)
     return Trial(location, name=name, **kwargs)

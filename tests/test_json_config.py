@@ -235,8 +235,8 @@ def test_invalid_json_names_the_file(tmp_path, text):
 @pytest.mark.parametrize(
     ("hook_params", "needles"),
     [
-        ({"save_intervl": "10"}, ["save_intervl", "save_interval"]),
-        ({"train.save_intervall": "10"}, ["train.save_intervall"]),
+        ({"strict": "true", "save_intervl": "10"}, ["save_intervl", "save_interval"]),
+        ({"strict": "true", "train.save_intervall": "10"}, ["train.save_intervall"]),
         ({"save_interval": "abc"}, ["save_interval", "'abc'"]),
         ({"save_interval": "0"}, ["save_interval", "'0'"]),
         ({"end_step": "-1"}, ["end_step", "'-1'"]),
@@ -273,8 +273,6 @@ def test_bad_mode_prefixed_value_names_the_prefixed_key():
 @pytest.mark.parametrize(
     ("params", "needles"),
     [
-        ({"bogus": "1"}, ["'bogus'", "'weights'"]),
-        ({"include_workers": "all"}, ["include_workers"]),
         ({"save_interval": "-3"}, ["save_interval", "'-3'", "'weights'"]),
         ({"save_histogram": "nah"}, ["save_histogram", "'nah'"]),
         ({"reductions": "l3_norm"}, ["'l3_norm'"]),
@@ -288,6 +286,24 @@ def test_bad_collection_parameters(params, needles):
     with pytest.raises(MltraceValueError) as info:
         parse_hook_config(doc, "cfg.json")
     for needle in needles:
+        assert needle in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("params", "needles"),
+    [
+        ({"bogus": "1"}, ["'bogus'", "'weights'"]),
+        ({"include_workers": "all"}, ["include_workers"]),
+    ],
+)
+def test_unknown_collection_parameters_are_errors_when_strict(params, needles):
+    doc = {
+        "LocalPath": "/out", "HookParameters": {"strict": "true"},
+        "CollectionConfigurations": [{"CollectionName": "weights", "CollectionParameters": params}],
+    }
+    with pytest.raises(MltraceValueError) as info:
+        parse_hook_config(doc, "cfg.json")
+    for needle in [*needles, "strict"]:
         assert needle in str(info.value)
 
 

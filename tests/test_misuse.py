@@ -372,13 +372,12 @@ def _json_hook(tmp_path: Path, doc: object, text: str | None = None):
 @pytest.mark.parametrize(
     ("doc", "needles"),
     [
-        ({"LocalPath": "OUT", "HookParameter": {"save_interval": "1"}},
-         ["'HookParameter'", "did you mean 'HookParameters'", "CollectionConfigurations"]),
-        ({"LocalPath": "OUT", "collectionconfigurations": []},
+        # misspelt keys are errors with strict on (without it, warnings: test_json_config.py)
+        ({"LocalPath": "OUT", "HookParameters": {"strict": "true"}, "collectionconfigurations": []},
          ["'collectionconfigurations'", "'CollectionConfigurations'"]),
         ({"LocalPth": "OUT"}, ["'LocalPth'", "did you mean 'LocalPath'"]),
         ({"LocalPath": 5}, ["LocalPath=5", "string"]),
-        ({"LocalPath": "OUT", "HookParameters": {"save_intrval": "1"}},
+        ({"LocalPath": "OUT", "HookParameters": {"strict": "true", "save_intrval": "1"}},
          ["'save_intrval'", "did you mean 'save_interval'"]),
         ({"LocalPath": "OUT", "HookParameters": {"reductions": "mena"}}, ["'mena'", "did you mean 'mean'"]),
         ({"LocalPath": "OUT", "HookParameters": {"save_interval": "1", "end_step": "0", "start_step": "3",
@@ -386,7 +385,7 @@ def _json_hook(tmp_path: Path, doc: object, text: str | None = None):
          ["train.end_step='3'", "start_step='3'", "end_step > start_step"]),
         ({"LocalPath": "OUT", "CollectionConfigurations": {"weights": {}}},
          ["CollectionConfigurations must be a list"]),
-        ({"LocalPath": "OUT",
+        ({"LocalPath": "OUT", "HookParameters": {"strict": "true"},
           "CollectionConfigurations": [{"CollectionName": "weights", "CollectionParams": {}}]},
          ["'CollectionParams'", "did you mean 'CollectionParameters'"]),
         ({"LocalPath": "OUT",

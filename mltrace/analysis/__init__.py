@@ -9,6 +9,8 @@ TensorBoard plugin, the MLflow summary, comparison and plots, and ``mltrace info
 - :mod:`~mltrace.analysis.histograms`: ``histogram``, ``tensor_histograms``, ``finite_values``,
   ``common_edges``.
 - :mod:`~mltrace.analysis.overview`: ``trial_overview``, ``match_tensors``, ``format_statistic``.
+- :mod:`~mltrace.analysis.utils`: smdebug's ``no_refresh`` and ``refresh`` (hold a trial still
+  while reading it), at smdebug's place (``smdebug.analysis.utils``).
 
 Core: imports only the standard library, numpy and mltrace.
 
