@@ -81,6 +81,39 @@ def resolve_tracking_uri(explicit: str | None = None) -> str:
     return absolute_uri(uri)
 
 
+def existing_store(explicit: str | None = None) -> str:
+    """The tracking URI of a store to read from, never creating one: commands that only read
+    (``mltrace compare``) must not leave an empty ``./mlflow.db`` behind when the user forgot to
+    say where the runs are.
+
+    ``explicit``, else MLflow's configured URI, else ``./mlflow.db`` when that file exists (with a
+    warning saying so).
+
+    Raises:
+        MltraceValueError: no tracking URI is set and there is no ./mlflow.db, or the SQLite file
+            a URI names does not exist.
+    """
+    if not explicit and not tracking_configured():
+        local = os.path.abspath("mlflow.db")
+        if not os.path.isfile(local):
+            raise MltraceValueError(
+                "no MLflow tracking URI is set and there is no mlflow.db here: set "
+                "MLFLOW_TRACKING_URI or pass --tracking-uri (e.g. sqlite:////path/to/mlflow.db "
+                "or http://127.0.0.1:5000); nothing was created")
+        logger.warning("no MLflow tracking URI set: reading %s (set MLFLOW_TRACKING_URI to "
+                       "choose)", local)
+        return "sqlite:///" + local
+    uri = resolve_tracking_uri(explicit)
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and ":memory:" not in uri:
+        path = uri[len(prefix):].split("?", 1)[0]
+        if not os.path.isfile(path):
+            raise MltraceValueError(
+                f"tracking URI {uri!r} names a SQLite file that does not exist: check the path "
+                "(nothing was created)")
+    return uri
+
+
 def tracking_configured() -> bool:
     """True when the user pointed MLflow somewhere (env var or mlflow.set_tracking_uri)."""
     if os.environ.get("MLFLOW_TRACKING_URI"):

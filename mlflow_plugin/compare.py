@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mlflow_plugin import _keys, _tracking
+from mlflow_plugin._table import comparison_text
 from mltrace import analysis
 from mltrace.exceptions import MltraceError, MltraceValueError
 from mltrace.reductions import parse_statistic
@@ -64,17 +65,11 @@ class Comparison:
 
         return pd.DataFrame(self.rows, columns=self.columns or None)
 
-    def to_text(self) -> str:
-        """The table as aligned text."""
-        cols = self.columns or sorted({k for r in self.rows for k in r})
-        cells = [[analysis.format_statistic(r.get(c)) for c in cols] for r in self.rows]
-        widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(cols)]
-        lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths))]
-        lines.append("  ".join("-" * w for w in widths))
-        lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
-        return "\n".join(lines)
-
-
+    def to_text(self, width: int = 100) -> str:
+        """The table as text of at most ``width`` columns (names shortened in the middle; the
+        CSV has every column in full)."""
+        values = [c for c in self.columns if c.endswith(" (last)")]
+        return comparison_text(self.rows, values, self.findings, width)
 
 
 def _find_runs(client: Any, experiments: list[str] | None, filter_string: str,
@@ -163,8 +158,8 @@ def compare_runs(experiments: list[str] | None = None, filter_string: str = "",
 
     stats = list(stats or ["mean"])
     for stat in stats:  # an unknown name fails now, with the valid ones listed
-        parse_statistic(stat)
-    client = MlflowClient(tracking_uri=_tracking.resolve_tracking_uri(tracking_uri))
+        _check_statistic(stat)
+    client = MlflowClient(tracking_uri=_tracking.existing_store(tracking_uri))
     runs, exp_names = _find_runs(client, experiments, filter_string, run_ids, max_runs)
     if not runs:
         raise MltraceValueError(
@@ -174,7 +169,13 @@ def compare_runs(experiments: list[str] | None = None, filter_string: str = "",
     os.makedirs(out_dir, exist_ok=True)
     trials, errors = _open_trials(runs)
     patterns = list(tensors or []) or _default_tensors(next(iter(trials.values()), None))
+    _check_tensors(trials, patterns)
     result = _tabulate(runs, exp_names, trials, errors, patterns, stats, max_steps, out_dir)
+    if trials and not result.series:
+        raise MltraceValueError(
+            f"none of the statistics {stats} could be read for tensors {patterns} in these runs: "
+            "the hooks saved neither the raw values nor these reductions. Choose another "
+            f"--stat; {_available_statistics(trials, patterns)}")
     _write(result, runs, experiments, filter_string, patterns, stats)
     if log_to_mlflow:
         result.mlflow_run_id = _log(client, result, runs, experiments, filter_string, patterns,
@@ -210,6 +211,49 @@ def _tabulate(runs: list[Any], exp_names: dict[str, str], trials: dict[str, Tria
     result.columns = ["run", "experiment", "run_id", "status", "steps", *value_columns, "rules",
                       "trial", *(["error"] if errors else [])]
     return result
+
+
+def _check_statistic(stat: str) -> None:
+    """Raise MltraceValueError naming ``stat`` and every valid statistic."""
+    from mltrace.reductions import REDUCTION_NAMES
+
+    try:
+        parse_statistic(stat)
+    except MltraceValueError:
+        raise MltraceValueError(
+            f"--stat {stat!r} is not a statistic; valid: {', '.join(REDUCTION_NAMES)}, each also "
+            "as abs_<name> (e.g. abs_max)") from None
+
+
+def _check_tensors(trials: dict[str, Trial], patterns: list[str]) -> None:
+    """Raise MltraceValueError when a pattern matches no tensor of any trial, listing the
+    tensors there are (the first 40 of the first trial, and how many in all)."""
+    if not trials:
+        return
+    for pattern in patterns:
+        try:
+            matched = any(analysis.match_tensors(t, [pattern]) for t in trials.values())
+        except Exception as exc:  # re.error: not a valid regular expression
+            raise MltraceValueError(f"--tensor {pattern!r} is not a valid regular expression: "
+                                    f"{exc}") from None
+        if not matched:
+            names = sorted({n for t in trials.values() for n in t.tensor_names()})
+            shown = ", ".join(names[:40]) + (f", ... ({len(names)} in all)" if len(names) > 40
+                                              else "")
+            raise MltraceValueError(
+                f"--tensor {pattern!r} matches no tensor of the {len(trials)} trial(s) compared "
+                f"(a name or a regular expression, re.search); valid tensors: {shown}")
+
+
+def _available_statistics(trials: dict[str, Trial], patterns: list[str]) -> str:
+    """Which statistics the first matching tensor has at its last step, as a sentence."""
+    for trial in trials.values():
+        for name in analysis.match_tensors(trial, patterns):
+            steps = trial.tensor(name).steps()
+            if steps:
+                row = analysis.step_statistics(trial.tensor(name), steps[-1])
+                return f"{name} has: {', '.join(sorted(row or {})) or 'nothing readable'}"
+    return "no matching tensor has a step"
 
 
 def _open_trials(runs: list[Any]) -> tuple[dict[str, Trial], dict[str, str]]:
@@ -322,6 +366,13 @@ def _log(client: Any, result: Comparison, runs: list[Any], experiments: Any, fil
     return run.info.run_id
 
 
+def _terminal_width() -> int:
+    """100 columns, or fewer on a narrower terminal (COLUMNS, else the terminal's size)."""
+    import shutil
+
+    return max(60, min(100, shutil.get_terminal_size((100, 24)).columns))
+
+
 # -- the `mltrace compare` command (its arguments are declared in mltrace.cli) ---------------------
 def run_cli(args: argparse.Namespace) -> int:
     """Run ``mltrace compare``; prints the table and where the files are."""
@@ -329,8 +380,9 @@ def run_cli(args: argparse.Namespace) -> int:
                           args.stat, args.out, max_runs=args.max_runs,
                           tracking_uri=args.tracking_uri, log_to_mlflow=not args.no_log,
                           log_experiment=args.log_experiment)
-    print(result.to_text())
-    print(f"\ntable: {result.table_path}\nplot: {result.plot_path or '-'}")
+    print(result.to_text(width=_terminal_width()))
+    print(f"\nevery column in full (CSV):\n  {result.table_path}\nplot (PNG):\n  "
+          f"{result.plot_path or '-'}")
     if result.mlflow_run_id:
         print(f"logged as MLflow run {result.mlflow_run_id} (artifacts under comparison/)")
     return 0
