@@ -137,8 +137,8 @@ def _check_keys(params: Mapping[str, Any], allowed: frozenset[str], where: str,
             raise MltraceValueError(
                 f"{where}: unknown key {key!r}{hint}; allowed keys are {sorted(allowed)} "
                 "(strict is on; without it the key is ignored with a warning)")
-        logger.warning("%s: ignoring the unknown key %r%s; mltrace reads %s", where, key, hint,
-                       sorted(allowed))
+        logger.warning("%s: ignoring the unknown key %r%s", where, key,
+                       hint or f"; mltrace reads {sorted(allowed)}")
 
 
 def _close_top_level_key(key: str) -> str | None:

@@ -324,7 +324,7 @@ def test_create_from_json_file_in_smdebugs_format(tmp_path, monkeypatch):
     assert trial.tensor(GRADS[1]).steps() == [0, 3]
     assert trial.tensor(PARAMS[1]).reduction_value(2, "max", abs=True) == pytest.approx(
         np.abs(captured.values[PARAMS[1]][2]).max())
-    bad = dict(config, HookParameters={"save_intervall": "2"})
+    bad = dict(config, HookParameters={"strict": "true", "save_intervall": "2"})
     path.write_text(json.dumps(bad))
     with pytest.raises(MltraceValueError, match="save_intervall"):
         smd.Hook.create_from_json_file(str(path))

@@ -1,0 +1,205 @@
+"""smdebug-era configuration that must keep working after the import sed (issue 18): JSON hook
+configurations as smdebug's own tests and SageMaker wrote them, with keys smdebug ignored, and
+the configs' smdebug ``to_json``/``from_json``. tests/legacy/test_smdebug_porting_config.py
+checks the same JSON against real smdebug 1.0.34."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+import mltrace.pytorch as smd
+from mltrace.collections import Collection
+from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
+from mltrace.exceptions import MltraceValueError
+from mltrace.json_config import parse_hook_config
+from mltrace.modes import ModeKeys
+from tests.torch_training import make_model, train
+
+# The shapes of smdebug 1.0.34's test configurations (tests/{core,mxnet,pytorch,tensorflow,
+# xgboost}), LocalPath filled in per test. Each one worked with smdebug's create_from_json_file.
+SMDEBUG_ERA_CONFIGS = {
+    "core_all_params": {
+        "S3OutputPath": "s3://bucket/prefix",
+        "HookParameters": {"save_interval": "2", "save_all": "true", "include_workers": "one",
+                           "export_tensorboard": "true", "tensorboard_dir": "TB"},
+        "CollectionConfigurations": [
+            {"CollectionName": "weights", "CollectionParameters": {"save_histogram": "false"}},
+            {"CollectionName": "gradients", "CollectionParameters": {"save_histogram": False}}]},
+    "mxnet_full": {
+        "S3Path": "s3://bucket/prefix",
+        "HookParameters": {"save_all": False, "include_regex": "regexe1,regex2",
+                           "save_interval": "100", "save_steps": "1,2,3,4", "start_step": "1",
+                           "end_step": "1000000",
+                           "reductions": "min,max,mean, std,abs_variance,abs_sum,abs_l2_norm"},
+        "CollectionConfigurations": [
+            {"CollectionName": "collection_obj_name1",
+             "CollectionParameters": {"include_regex": "regexe5*", "save_interval": 100,
+                                      "save_steps": "1,2,3", "start_step": 1,
+                                      "reductions": "min, abs_max,l1_norm,abs_l2_norm"}}]},
+    "pytorch_multi_collections": {
+        "S3Path": "s3://bucket/prefix",
+        "HookParameters": {"save_all": False, "save_steps": "0, 1, 2, 3"},
+        "CollectionConfigurations": [
+            {"CollectionName": "weights"}, {"CollectionName": "biases"},
+            {"CollectionName": "gradients"}, {"CollectionName": "default"},
+            {"CollectionName": "ReluActivation",
+             "CollectionParameters": {"include_regex": "relu*", "save_steps": "4, 5, 6"}}]},
+    "pytorch_save_shape": {"HookParameters": {"save_all": True, "save_shape": True,
+                                              "save_steps": "0,1"}},
+    "pytorch_modes": {"HookParameters": {"save_all": True, "train.save_steps": "0,1,2,3,4"}},
+    "tf_collection_defaults": {
+        "S3OutputPath": "s3://bucket/prefix",
+        "HookParameters": {"save_interval": 1, "train.save_interval": 2, "eval.save_interval": 3},
+        "CollectionConfigurations": [
+            {"CollectionName": "weights"},
+            {"CollectionName": "losses",
+             "CollectionParameters": {"eval.save_interval": 4, "global.save_interval": 5}}]},
+    "tf_reductions": {
+        "HookParameters": {
+            "reductions": "min, max, mean, std, variance, sum, prod, abs_min, abs_max, abs_mean, "
+                          "abs_std, abs_variance, abs_sum, abs_prod, l1_norm, l2_norm, "
+                          "abs_l1_norm, abs_l2_norm",
+            "train.save_interval": 1},
+        "CollectionConfigurations": [{"CollectionName": "weights"},
+                                     {"CollectionName": "losses"}]},
+    "tf_save_config_disable": {"HookParameters": {"end_step": 0}},
+    "tf_simple_include_regex": {"HookParameters": {"save_all": False, "include_regex": "loss:0",
+                                                   "save_interval": 2},
+                                "CollectionConfigurations": []},
+    # smdebug's XGBoost tests passed include_collections, which smdebug read nowhere
+    "xgboost_full": {
+        "S3Path": "s3://bucket/prefix",
+        "HookParameters": {
+            "include_regex": "regexe1,regex2",
+            "reductions": "min,max,mean,std,abs_variance,abs_sum,abs_l2_norm",
+            "include_collections": "collection_obj_name1,collection_obj_name2",
+            "save_all": False, "save_interval": 100, "save_steps": "1,2,3,4", "start_step": 1},
+        "CollectionConfigurations": [
+            {"CollectionName": "collection_obj_name1",
+             "CollectionParameters": {"include_regex": "regexe5*", "save_interval": 100,
+                                      "save_steps": "1,2,3", "start_step": 1,
+                                      "reductions": "min,abs_max,l1_norm,abs_l2_norm"}}]},
+    # what the SageMaker SDK writes (strings everywhere), with a section mltrace does not read
+    "sagemaker_sdk": {
+        "S3OutputPath": "s3://bucket/job/debug-output",
+        "HookParameters": {"save_interval": "500", "include_collections": "weights,gradients"},
+        "CollectionConfigurations": [
+            {"CollectionName": "gradients", "CollectionParameters": {"save_interval": "10"}}],
+        "RuleConfigurations": [{"RuleName": "VanishingGradient"}]},
+}
+
+
+def _write(tmp_path, name: str, doc: dict) -> str:
+    doc = json.loads(json.dumps(doc).replace('"TB"', json.dumps(str(tmp_path / "tb"))))
+    doc = {"LocalPath": str(tmp_path / name), **doc}
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+@pytest.mark.parametrize("name", sorted(SMDEBUG_ERA_CONFIGS))
+def test_smdebug_era_configurations_build_a_hook_that_trains(tmp_path, name):
+    hook = smd.Hook.create_from_json_file(_write(tmp_path, name, SMDEBUG_ERA_CONFIGS[name]))
+    model = make_model()
+    hook.register_module(model)
+    train(model, hook, 3, mode=smd.modes.TRAIN)
+    hook.close()
+    for entry in SMDEBUG_ERA_CONFIGS[name].get("CollectionConfigurations", []):
+        assert entry["CollectionName"] in hook.get_collections()
+
+
+def test_keys_smdebug_ignored_warn_with_advice_and_change_nothing(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING, logger="mltrace"):
+        config = parse_hook_config(json.loads(open(_write(
+            tmp_path, "x", SMDEBUG_ERA_CONFIGS["xgboost_full"])).read()), "xgb.json")
+    [warning] = [r.getMessage() for r in caplog.records if "include_collections" in r.getMessage()]
+    assert "xgb.json HookParameters" in warning and "smdebug ignored it too" in warning
+    assert "CollectionConfigurations" in warning
+    # the collections are the configured ones, as smdebug's were
+    assert config.hook_kwargs["include_collections"] == ["collection_obj_name1"]
+    assert config.hook_kwargs["save_config"].get_save_config(ModeKeys.TRAIN) == SaveConfigMode(
+        save_interval=100, start_step=1, save_steps=[1, 2, 3, 4])
+
+
+@pytest.mark.parametrize(
+    ("doc", "needles"),
+    [
+        ({"HookParameters": {"save_intrval": "3"}},
+         ["HookParameters", "'save_intrval'", "did you mean 'save_interval'?"]),
+        ({"CollectionConfigurations": [{"CollectionName": "weights",
+                                        "CollectionParameters": {"save_histogramm": "false"}}]},
+         ["collection 'weights'", "'save_histogramm'", "did you mean 'save_histogram'?"]),
+        ({"CollectionConfigurations": [{"CollectionName": "weights", "CollectionParams": {}}]},
+         ["CollectionConfigurations[0]", "did you mean 'CollectionParameters'?"]),
+        ({"HookParameter": {"save_interval": "3"}},
+         ["top-level key 'HookParameter'", "did you mean 'HookParameters'?"]),
+    ],
+)
+def test_unknown_keys_warn_with_the_closest_key(tmp_path, caplog, doc, needles):
+    with caplog.at_level(logging.WARNING, logger="mltrace"):
+        config = parse_hook_config({"LocalPath": str(tmp_path), **doc}, "cfg.json")
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    for needle in ["cfg.json", *needles]:
+        assert needle in text
+    assert "save_config" not in config.hook_kwargs  # the misspelt setting is not used
+
+
+@pytest.mark.parametrize(
+    ("params", "needle"),
+    [({"include_collections": "weights", "save_interval": "ten"}, "save_interval='ten'"),
+     ({"save_all": "sometimes"}, "'sometimes'"),
+     ({"reductions": "mean,l3_norm"}, "'l3_norm'")],
+)
+def test_invalid_values_still_error(tmp_path, params, needle):
+    with pytest.raises(MltraceValueError, match=needle):
+        parse_hook_config({"LocalPath": str(tmp_path), "HookParameters": params}, "cfg.json")
+
+
+# -- to_json / from_json ---------------------------------------------------------------------
+
+
+def _configs():
+    save = SaveConfig(mode_save_configs={
+        ModeKeys.TRAIN: SaveConfigMode(save_interval=3, save_steps=[1, 7], end_step=50),
+        "EVAL": {"start_step": 2}}, when_nan=["loss"])
+    reduction = ReductionConfig(reductions=["nan_count", "min", "median"], abs_reductions=["max"],
+                                norms=["l2"], abs_norms=["l1"], save_raw_tensor=True,
+                                save_shape=True)
+    collection = Collection("fc", include_regex=["^fc1", "bias$"], tensor_names=["b", "a"],
+                            reduction_config=reduction, save_config=save, save_histogram=False)
+    return save, reduction, collection
+
+
+def test_to_json_round_trips_exactly():
+    for config in _configs() + (SaveConfig(), ReductionConfig(), Collection("plain")):
+        text = config.to_json()
+        again = type(config).from_json(text)
+        assert again == config and again.to_json() == text
+        expected = config.to_json_dict()  # smdebug's to_json is its to_json_dict as text
+        if isinstance(config, ReductionConfig) and config.extra_reductions_string():
+            expected["mltrace_reductions"] = config.extra_reductions_string()
+        assert json.loads(text) == json.loads(json.dumps(expected))
+
+
+def test_to_json_keeps_mltraces_own_reductions_out_of_smdebugs_string():
+    _, reduction, collection = _configs()
+    doc = json.loads(reduction.to_json())
+    assert doc == {"save_raw_tensor": True, "reductions": "min,l2_norm,abs_max,abs_l1_norm",
+                   "save_shape": True, "mltrace_reductions": "nan_count,median"}
+    assert ReductionConfig.from_json(reduction.to_json()).reductions == ["min", "nan_count",
+                                                                        "median"]
+    assert json.loads(collection.to_json())["mltrace_reductions"] == "nan_count,median"
+
+
+@pytest.mark.parametrize(
+    ("cls", "text", "needle"),
+    [(SaveConfig, "{", "not JSON"), (ReductionConfig, "[1]", "not a JSON object"),
+     (ReductionConfig, '{"reductions": "mena"}', "did you mean 'mean'"),
+     (Collection, '{"include_regex": []}', "with a name"), (SaveConfig, "null", "JSON object")],
+)
+def test_from_json_errors_name_the_problem(cls, text, needle):
+    with pytest.raises(MltraceValueError, match=needle):
+        cls.from_json(text)
