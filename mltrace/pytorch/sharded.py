@@ -253,10 +253,13 @@ class ReductionBatch:
             self._entries.pop()
             raise MltraceTypeError(f"cannot reduce a quantized tensor ({local.dtype}); save "
                                    "tensor.dequantize() instead")
-        # Partials in float64: exact for every float dtype torch_reductions reduces in (float32
-        # at most), and the dtype it reduces ints and bools in.
-        shard = (local.detach().reshape(-1).double() if _owns_shard(value)
-                 else local.new_empty(0, dtype=torch.float64))
+        # The shard in the dtype torch_reductions reduces in (no copy for float32 and float64);
+        # the partials accumulate in float64.
+        shard = local.detach().reshape(-1)
+        if not _owns_shard(value):
+            shard = shard[:0]
+        if shard.dtype != entry.work:
+            shard = shard.to(entry.work)
         wanted = set(names)
         entry.local_count = shard.numel()
         entry.sums = _local_sums(shard, wanted)
@@ -425,14 +428,19 @@ def _local_sums(shard: torch.Tensor, names: set[str]) -> torch.Tensor:
     last two stay on this rank (see :func:`_deviations`); the first six are all-reduced."""
     needed = {i for n in names for i in _SUM_PARTIALS.get(n, ())}
     n = max(shard.numel(), 1)
+    f64 = torch.float64
+
+    def deviations(x: torch.Tensor) -> torch.Tensor:  # about the shard's own mean
+        return (x - x.sum(dtype=f64).to(x.dtype) / n).square().sum(dtype=f64)
+
     parts = [
-        (lambda: shard.sum()), (lambda: shard.abs().sum()), (lambda: shard.abs().square().sum()),
+        (lambda: shard.sum(dtype=f64)), (lambda: shard.abs().sum(dtype=f64)),
+        (lambda: torch.linalg.vector_norm(shard, dtype=f64).square()),
         (lambda: shard.isnan().sum()), (lambda: shard.isinf().sum()), (lambda: (shard == 0).sum()),
-        (lambda: (shard - shard.sum() / n).square().sum()),
-        (lambda: (shard.abs() - shard.abs().sum() / n).square().sum()),
+        (lambda: deviations(shard)), (lambda: deviations(shard.abs())),
     ]
-    zero = torch.zeros((), dtype=torch.float64, device=shard.device)
-    return torch.stack([part().double() if i in needed else zero for i, part in enumerate(parts)])
+    zero = torch.zeros((), dtype=f64, device=shard.device)
+    return torch.stack([part().to(f64) if i in needed else zero for i, part in enumerate(parts)])
 
 
 def _local_extremes(shard: torch.Tensor) -> torch.Tensor:
@@ -443,12 +451,12 @@ def _local_extremes(shard: torch.Tensor) -> torch.Tensor:
         return torch.tensor([math.inf] * 4 + [0.0], dtype=torch.float64, device=shard.device)
     magnitude = shard.abs()
     return torch.stack([shard.min(), magnitude.min(), -shard.max(), -magnitude.max(),
-                        -shard.isnan().any().double()])
+                        -shard.isnan().any().to(shard.dtype)]).double()
 
 
 def _local_products(shard: torch.Tensor) -> torch.Tensor:
-    """prod(x) and prod(|x|) of the shard (1 for an empty shard)."""
-    return torch.stack([shard.prod(), shard.abs().prod()])
+    """prod(x) and prod(|x|) of the shard (1 for an empty shard), multiplied in float64."""
+    return torch.stack([shard.prod(dtype=torch.float64), shard.abs().prod(dtype=torch.float64)])
 
 
 def _all_reduce_async(partials: torch.Tensor, op: dist.ReduceOp.RedOpType,
