@@ -9,10 +9,15 @@ Routes (under /data/plugin/mltrace):
     /index.js, /static/*    the frontend (ES module + CSS, no build step, no CDN)
     /runs                   trials found: [{"name", "location"}]
     /run?run=R              modes, steps, workers, tensors by collection of one trial
+    /overview?run=R[&collection=C][&statistic=l2][&mode=M][&columns=N][&filter=F]
+                            one statistic of every tensor of a collection over step buckets
     /series?run=R[&run=R2]&tensor=T[&mode=M][&worker=W|&per_worker=1][&max_points=N]
     /histograms?run=R&tensor=T&mode=M[&worker=W][&bins=30][&max_steps=N]
     /value?run=R&tensor=T&step=S&mode=M[&worker=W]
     /collections?run=R, /rules?run=R
+
+Steps: every answer gives global steps (the x axis of every chart, the TensorBoard export's and
+the rules'), and mode steps beside them (``steps`` of a mode, ``start_modes``, ``mode_step``).
 """
 
 from __future__ import annotations
@@ -29,10 +34,11 @@ from tensorboard.backend import http_util
 from tensorboard.plugins import base_plugin
 from werkzeug import wrappers
 
-from mltrace.exceptions import MltraceError
+from mltrace.analysis import heatmap
+from mltrace.exceptions import MltraceError, MltraceValueError
 from mltrace.modes import ModeKeys
 from mltrace.trials import Trial, create_trial
-from tb_plugin import discovery, metadata, views
+from tb_plugin import discovery, metadata, overview, rules_view, views
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +72,7 @@ class MltracePlugin(base_plugin.TBPlugin):
         self._refs_at = float("-inf")
         self._trials: dict[str, tuple[Trial, threading.RLock]] = {}
         self._cache = views.SeriesCache()
+        self._statistics = heatmap.StatisticCache()
         self._static = frozenset(n for n in os.listdir(STATIC_DIR)
                                  if os.path.splitext(n)[1] in _CONTENT_TYPES)
 
@@ -76,6 +83,7 @@ class MltracePlugin(base_plugin.TBPlugin):
             "/static/*": self._static_route,
             "/runs": self._runs_route,
             "/run": self._run_route,
+            "/overview": self._overview_route,
             "/series": self._series_route,
             "/histograms": self._histograms_route,
             "/value": self._value_route,
@@ -147,6 +155,17 @@ class MltracePlugin(base_plugin.TBPlugin):
         with lock:
             return views.run_summary(trial)
 
+    def overview_impl(self, run: str, collection: str | None = None, statistic: str = "l2",
+                      mode: ModeKeys | None = None, columns: int = heatmap.DEFAULT_COLUMNS,
+                      pattern: str | None = None) -> dict[str, Any]:
+        trial, lock = self.trial(run)
+        with lock:
+            try:
+                return overview.overview(trial, collection, statistic, mode, columns, pattern,
+                                         self._statistics)
+            except MltraceValueError as exc:
+                raise errors.InvalidArgumentError(str(exc)) from None
+
     def series_impl(self, runs: list[str], tensor: str, mode: ModeKeys | None = None,
                     worker: str | None = None, per_worker: bool = False,
                     max_points: int | None = None) -> dict[str, Any]:
@@ -188,7 +207,7 @@ class MltracePlugin(base_plugin.TBPlugin):
     def rules_impl(self, run: str) -> dict[str, Any]:
         trial, lock = self.trial(run)
         with lock:
-            return views.rules(trial, self._mlflow_uri)
+            return rules_view.rules(trial, self._mlflow_uri)
 
     @staticmethod
     def _check_tensor(trial: Trial, tensor: str, worker: str | None, required: bool = True) -> None:
@@ -215,6 +234,14 @@ class MltracePlugin(base_plugin.TBPlugin):
 
     def _run_route(self, request: wrappers.Request) -> wrappers.Response:
         return self._json(request, lambda: self.run_impl(_arg(request, "run")))
+
+    def _overview_route(self, request: wrappers.Request) -> wrappers.Response:
+        return self._json(request, lambda: self.overview_impl(
+            _arg(request, "run"), request.args.get("collection"),
+            request.args.get("statistic") or "l2", _optional_mode(request),
+            _int(request, "columns", minimum=1, maximum=heatmap.MAX_COLUMNS)
+            or heatmap.DEFAULT_COLUMNS,
+            request.args.get("filter") or None))
 
     def _series_route(self, request: wrappers.Request) -> wrappers.Response:
         def impl() -> dict[str, Any]:

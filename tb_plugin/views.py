@@ -7,17 +7,13 @@ only when the caller passes ``max_points`` and the answer then says so (``downsa
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import numpy as np
 
 from mltrace import analysis
-from mltrace.exceptions import MltraceError
-from mltrace.format import paths
 from mltrace.modes import ModeKeys
 from mltrace.reductions import as_numeric
-from mltrace.rules.results import read_results
 from mltrace.trials import Trial
 
 #: Statistics computed from raw values when a step stored no reduction (mltrace.reductions').
@@ -86,7 +82,10 @@ def histograms(
     out: dict[str, Any] = {
         "run": trial.name,
         "mode": mode.name,
+        "worker": worker,
         "steps": found.steps,
+        "global_steps": [trial.global_step(mode, s) for s in found.steps],
+        "step_modes": [_mode_label(trial, trial.global_step(mode, s)) for s in found.steps],
         "histograms": [h.buckets() for h in found.histograms],
     }
     if not found.coverage.total:
@@ -96,6 +95,14 @@ def histograms(
         )
         return out
     return {**out, **_coverage(found.coverage)}
+
+
+def _mode_label(trial: Trial, global_step: int | None) -> str | None:
+    """``"EVAL 10"``: the mode and mode step of a global step (None when unknown)."""
+    if global_step is None:
+        return None
+    mode, mode_step = trial.mode_modestep(global_step)
+    return f"{mode.name} {mode_step}" if mode is not None else None
 
 
 def value_table(
@@ -109,6 +116,7 @@ def value_table(
         "tensor": tensor,
         "step": step,
         "mode": mode.name,
+        "global_step": trial.global_step(mode, step),
         "shape": list(arr.shape),
         "dtype": getattr(value, "dtype", arr.dtype).name,
         "size": int(arr.size),
@@ -166,45 +174,3 @@ def collections(trial: Trial) -> dict[str, Any]:
             }
         )
     return {"run": trial.name, "collections": out}
-
-
-def mlflow_link(base: str | None, experiment_id: str | None, run_id: str | None) -> str | None:
-    """The MLflow UI page of a run, when the base URL is http(s) and the ids are known."""
-    if not base or not run_id or not experiment_id or not base.startswith(("http://", "https://")):
-        return None
-    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
-
-
-def trial_tracking_uri(trial: Trial) -> str | None:
-    """The tracking URI the training hook recorded in the trial (mltrace_mlflow_run.json)."""
-    try:
-        if not trial.storage.exists(paths.MLFLOW_RUN_FILE):
-            return None
-        return json.loads(trial.storage.read(paths.MLFLOW_RUN_FILE)).get("tracking_uri")
-    except (OSError, ValueError, AttributeError, MltraceError):
-        return None
-
-
-def rules(trial: Trial, mlflow_uri: str | None) -> dict[str, Any]:
-    """The Rules panel: each rule execution on the trial, newest first."""
-    base = mlflow_uri or trial_tracking_uri(trial)
-    out = []
-    for result in reversed(read_results(trial.storage)):
-        out.append(
-            {
-                "rule": result.rule,
-                "status": result.status,
-                "parameters": result.parameters,
-                "fired_steps": result.fired_steps,
-                "first_step": result.first_step,
-                "evaluated_steps": result.evaluated_steps,
-                "message": result.message,
-                "error": result.error,
-                "started": result.started,
-                "ended": result.ended,
-                "mlflow_run_id": result.mlflow_run_id,
-                "mlflow_experiment_id": result.mlflow_experiment_id,
-                "mlflow_url": mlflow_link(base, result.mlflow_experiment_id, result.mlflow_run_id),
-            }
-        )
-    return {"run": trial.name, "rules": out}

@@ -9,6 +9,9 @@ TensorBoard plugin, the MLflow summary, comparison and plots, and ``mltrace info
 - :mod:`~mltrace.analysis.histograms`: ``histogram``, ``tensor_histograms``, ``finite_values``,
   ``common_edges``.
 - :mod:`~mltrace.analysis.overview`: ``trial_overview``, ``match_tensors``, ``format_statistic``.
+- :mod:`~mltrace.analysis.heatmap`: ``tensor_heatmap`` (one statistic of many tensors over step
+  buckets, min/max per bucket, non-finite values counted apart), ``statistic_steps``,
+  ``StatisticCache``.
 - :mod:`~mltrace.analysis.utils`: smdebug's ``no_refresh`` and ``refresh`` (hold a trial still
   while reading it), at smdebug's place (``smdebug.analysis.utils``).
 
@@ -21,6 +24,16 @@ Example:
     >>> loss.steps, loss.values["value"]
 """
 
+from mltrace.analysis.heatmap import (
+    OVERVIEW_STATISTICS,
+    Heatmap,
+    HeatmapRow,
+    StatisticCache,
+    StepValues,
+    bucket_rows,
+    statistic_steps,
+    tensor_heatmap,
+)
 from mltrace.analysis.histograms import (
     Histogram,
     HistogramSeries,
@@ -55,6 +68,14 @@ from mltrace.analysis.statistics import (
 )
 
 __all__ = [
+    "OVERVIEW_STATISTICS",
+    "Heatmap",
+    "HeatmapRow",
+    "StatisticCache",
+    "StepValues",
+    "bucket_rows",
+    "statistic_steps",
+    "tensor_heatmap",
     "RAW_STATISTICS",
     "UNREADABLE",
     "VALUE",

@@ -56,6 +56,9 @@ class RuleResult:
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     mlflow_run_id: str | None = None
     mlflow_experiment_id: str | None = None
+    #: the rule run's page in the MLflow UI (set by the MLflow listener when the tracking store
+    #: is a server, whose address is the UI's), in the UI's machine-learning view
+    mlflow_url: str | None = None
 
     def to_json(self) -> str:
         """The result as JSON text."""
@@ -158,9 +161,10 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "rule": (str,), "trial": (str,), "parameters": (dict,), "status": (str,), "started": _NUMBER,
     "ended": _NUMBER, "evaluated_steps": (int,), "fired_steps": (list,), "first_step": (int,),
     "message": (str,), "error": (str,), "traceback": (str,), "run_id": (str,), "mlflow_run_id": (str,),
-    "mlflow_experiment_id": (str,),
+    "mlflow_experiment_id": (str,), "mlflow_url": (str,),
 }
-_OPTIONAL = {"ended", "first_step", "message", "error", "traceback", "mlflow_run_id", "mlflow_experiment_id"}
+_OPTIONAL = {"ended", "first_step", "message", "error", "traceback", "mlflow_run_id", "mlflow_experiment_id",
+             "mlflow_url"}
 
 
 def _checked(result: RuleResult) -> RuleResult:

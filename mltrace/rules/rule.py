@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -70,6 +70,8 @@ class Rule(ABC):
         self.action_str = action_str
         #: (step, condition met) for each step evaluated, in order.
         self.evaluations: list[tuple[int, bool]] = []
+        #: Tensors the rule reported checking (note_checked); None while it reported nothing.
+        self.checked_tensors: set[str] | None = None
         #: Extra details a rule wants reported (message, offending tensors...).
         self.last_message: str | None = None
         self.report: dict[str, Any] = {"RuleTriggered": 0, "Violations": 0, "Details": {},
@@ -105,6 +107,19 @@ class Rule(ABC):
                 action.invoke(self, step)
             raise RuleEvaluationConditionMet(self.rule_name, step)
 
+    def note_checked(self, names: Iterable[str]) -> None:
+        """Report the tensors ``invoke_at_step`` checks at this step (call it with an empty list
+        too). A rule that reported, over a whole execution, only empty lists ends with status
+        NothingChecked instead of NoIssuesFound; a rule that never calls it is not judged."""
+        if self.checked_tensors is None:
+            self.checked_tensors = set()
+        self.checked_tensors.update(names)
+
+    @property
+    def nothing_checked(self) -> bool:
+        """True when the rule reported its tensors and there were none."""
+        return self.checked_tensors is not None and not self.checked_tensors
+
     @property
     def fired_steps(self) -> list[int]:
         """Steps where the condition held."""
@@ -114,7 +129,8 @@ class Rule(ABC):
         """The rule's configuration as reported in results (public attributes that are plain
         values)."""
         skip = {"base_trial", "other_trials", "trials", "rule_name", "logger", "req_tensors",
-                "actions", "evaluations", "last_message", "report", "action_str"}
+                "actions", "evaluations", "last_message", "report", "action_str",
+                "checked_tensors"}
         out = {}
         for key, value in vars(self).items():
             if key.startswith("_") or key in skip:

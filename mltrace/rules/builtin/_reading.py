@@ -21,6 +21,7 @@ from mltrace.modes import ModeKeys
 from mltrace.rules.builtin._params import as_names, as_regex_list
 
 if TYPE_CHECKING:
+    from mltrace.rules.rule import Rule
     from mltrace.tensor import Tensor
     from mltrace.trials import Trial
 
@@ -133,9 +134,13 @@ class TensorSelection:
         self._cache[id(trial)] = (version, result)
         return result
 
-    def tensors(self, trial: Trial) -> list[Tensor]:
-        """Selected tensors."""
-        return [trial.tensor(n) for n in self.names(trial)]
+    def tensors(self, trial: Trial, rule: Rule | None = None) -> list[Tensor]:
+        """Selected tensors; with ``rule``, also reported to it as the tensors it checks at this
+        step (none at all over a whole execution makes its status NothingChecked)."""
+        names = self.names(trial)
+        if rule is not None:
+            rule.note_checked(names)
+        return [trial.tensor(n) for n in names]
 
 
 def required_selection(rule: str, trial: Trial, collection_names: Any, tensor_regex: Any,

@@ -36,7 +36,7 @@ class _UnitActivityRule(Rule):
         raise NotImplementedError
 
     def invoke_at_step(self, step: int) -> bool:
-        for tensor in self._selection.tensors(self.base_trial):
+        for tensor in self._selection.tensors(self.base_trial, self):
             value = value_at(tensor, step)
             if value is None or np.asarray(value).dtype.kind not in "biuf":
                 continue

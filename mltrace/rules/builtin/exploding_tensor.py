@@ -83,7 +83,7 @@ class ExplodingTensor(Rule):
         self._selection.check(base_trial)
 
     def invoke_at_step(self, step: int) -> bool:
-        for tensor in self._selection.tensors(self.base_trial):
+        for tensor in self._selection.tensors(self.base_trial, self):
             nan, inf = nonfinite_counts(tensor, step)
             if nan:
                 self.last_message = f"{tensor.name} holds NaN at step {step}"
@@ -128,7 +128,7 @@ class NaNInfDetected(Rule):
 
     def invoke_at_step(self, step: int) -> bool:
         found = []
-        for tensor in self._selection.tensors(self.base_trial):
+        for tensor in self._selection.tensors(self.base_trial, self):
             nan, inf = nonfinite_counts(tensor, step, self.use_raw_tensors, infer=False)
             nan, inf = nan or 0, 0 if self.only_nan else (inf or 0)
             if nan > 0 or inf > 0:

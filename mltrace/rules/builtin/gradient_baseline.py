@@ -66,7 +66,7 @@ class GradientNormVsBaseline(Rule):
         base_step = other_global_step(baseline, mode, mode_step)
         if base_step is None:
             return False
-        for tensor in self._selection.tensors(self.base_trial):
+        for tensor in self._selection.tensors(self.base_trial, self):
             if not baseline.has_tensor(tensor.name):
                 continue
             norm = reduction_at(tensor, step, self.norm)

@@ -71,7 +71,7 @@ class CheckInputImages(Rule):
         self._samples[tensor_name] = self._samples.get(tensor_name, 0) + samples
 
     def invoke_at_step(self, step: int) -> bool:
-        for tensor in self._selection.tensors(self.base_trial):
+        for tensor in self._selection.tensors(self.base_trial, self):
             value = value_at(tensor, step)
             if value is None or np.asarray(value).dtype.kind not in "biuf" or np.size(value) == 0:
                 continue
@@ -128,7 +128,7 @@ class NLPSequenceRatio(Rule):
         self._selection = TensorSelection(name, [], self.tensor_regex)
 
     def invoke_at_step(self, step: int) -> bool:
-        for tensor in self._selection.tensors(self.base_trial):
+        for tensor in self._selection.tensors(self.base_trial, self):
             value = value_at(tensor, step)
             if value is None or np.size(value) == 0 or np.asarray(value).dtype.kind not in "biuf":
                 continue

@@ -117,7 +117,7 @@ class LossNotDecreasing(Rule):
     def invoke_at_step(self, step: int) -> bool:
         step_mode, step_mode_step = mode_of(self.base_trial, step)
         fired = None
-        for tensor in self._selection.tensors(self.base_trial):
+        for tensor in self._selection.tensors(self.base_trial, self):
             if not has_value(tensor, step):
                 continue
             mode = self._mode_for(tensor, step_mode)

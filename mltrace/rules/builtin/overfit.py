@@ -69,7 +69,7 @@ class Overfit(Rule):
         if mode not in (ModeKeys.TRAIN, ModeKeys.EVAL):
             return False
         message = None
-        for tensor in self._selection.tensors(self.base_trial):
+        for tensor in self._selection.tensors(self.base_trial, self):
             loss = scalar_at(tensor, step)
             if loss is None or math.isnan(loss):
                 continue
@@ -138,7 +138,7 @@ class Overtraining(Rule):
         patience = self.patience_validation if mode is ModeKeys.EVAL else self.patience_train
         which = "validation" if mode is ModeKeys.EVAL else "training"
         message = None
-        for tensor in self._selection.tensors(self.base_trial):
+        for tensor in self._selection.tensors(self.base_trial, self):
             loss = scalar_at(tensor, step)
             if loss is None or math.isnan(loss):
                 continue

@@ -72,7 +72,7 @@ class SimilarAcrossRuns(Rule):
         other = self.other_trials[0]
         if other_global_step(other, ModeKeys.GLOBAL, step) is None:
             return False
-        for tensor in self._selection.tensors(self.base_trial):
+        for tensor in self._selection.tensors(self.base_trial, self):
             if not other.has_tensor(tensor.name):
                 continue
             mine = value_at(tensor, step)

@@ -55,7 +55,7 @@ class AllZero(Rule):
         self.threshold = as_float(self.rule_name, "threshold", threshold, 0, 100)
 
     def invoke_at_step(self, step: int) -> bool:
-        for tensor in self._selection.tensors(self.base_trial):
+        for tensor in self._selection.tensors(self.base_trial, self):
             fraction, exact = zero_fraction(tensor, step)
             if fraction is None or (not exact and self.threshold < 100):
                 continue
@@ -97,7 +97,7 @@ class TensorVariance(Rule):
                 f"{self.rule_name}: min_threshold must not exceed max_threshold")
 
     def invoke_at_step(self, step: int) -> bool:
-        for tensor in self._selection.tensors(self.base_trial):
+        for tensor in self._selection.tensors(self.base_trial, self):
             variance = reduction_at(tensor, step, "variance")
             if variance is None:
                 continue

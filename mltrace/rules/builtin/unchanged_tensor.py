@@ -89,7 +89,7 @@ class UnchangedTensor(Rule):
             mode, mode_step = ModeKeys.GLOBAL, step
         frozen = (set(self._parameters.names(self.base_trial))
                   if mode in (ModeKeys.EVAL, ModeKeys.PREDICT) else set())
-        for tensor in self._selection.tensors(self.base_trial):
+        for tensor in self._selection.tensors(self.base_trial, self):
             if tensor.name in frozen or not has_value(tensor, step):
                 continue
             earlier = self._steps.before(tensor, mode, mode_step, self.num_steps - 1)

@@ -70,7 +70,7 @@ class WeightUpdateRatio(Rule):
         mode, mode_step = mode_of(self.base_trial, step)
         if mode in (ModeKeys.EVAL, ModeKeys.PREDICT):
             return False
-        for tensor in self._selection.tensors(self.base_trial):
+        for tensor in self._selection.tensors(self.base_trial, self):
             current = value_at(tensor, step)
             if current is None:
                 continue

@@ -50,7 +50,7 @@ class FeatureImportanceOverweight(Rule):
 
     def invoke_at_step(self, step: int) -> bool:
         importances = {}
-        for tensor in self._selection.tensors(self.base_trial):
+        for tensor in self._selection.tensors(self.base_trial, self):
             value = scalar_at(tensor, step)
             if value is not None and math.isfinite(value) and value >= 0:
                 importances[tensor.name] = value

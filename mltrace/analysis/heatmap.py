@@ -1,0 +1,263 @@
+"""A model at a glance: one statistic of many tensors over the global steps, as a matrix of
+step buckets (the TensorBoard tab's overview; any other view of "every layer at once").
+
+Each row is a tensor, each column a bucket of consecutive global steps. A long run is cut down
+on the server, never by sampling steps away: a bucket keeps the minimum and maximum of the
+finite values of the steps it holds, and counts the NaN, +inf and -inf values apart, so one
+non-finite step among 10,000 still shows. Values are read once per step and kept in a
+:class:`StatisticCache`, so a live trial's next overview reads only its new steps.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mltrace.analysis.series import Damaged, left_out
+from mltrace.analysis.statistics import UNREADABLE, step_statistics
+from mltrace.exceptions import MltraceValueError
+from mltrace.modes import ModeKeys
+from mltrace.reductions import parse_statistic
+
+if TYPE_CHECKING:
+    from mltrace.trials import Trial
+
+#: The statistics the overview offers: sizes (log colour), and the two counts of trouble.
+OVERVIEW_STATISTICS = ("l2", "abs_max", "nan_count", "zero_fraction")
+DEFAULT_COLUMNS = 400
+#: What a batch read of stored reductions may raise; the steps are then read one by one.
+_BATCH_FAILS: tuple[type[Exception], ...] = (OSError, *UNREADABLE)
+MAX_COLUMNS = 2000
+
+
+@dataclass
+class StepValues:
+    """One statistic of one tensor at its saved global steps (ascending, parallel arrays)."""
+
+    steps: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    values: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.float64))
+
+    def extend(self, steps: Sequence[int], values: Sequence[float]) -> None:
+        """Add steps (any order, none known yet) and keep the arrays sorted by step."""
+        if not steps:
+            return
+        s = np.concatenate([self.steps, np.asarray(steps, dtype=np.int64)])
+        v = np.concatenate([self.values, np.asarray(values, dtype=np.float64)])
+        order = np.argsort(s, kind="stable")
+        self.steps, self.values = s[order], v[order]
+
+
+class StatisticCache:
+    """Statistics of steps already read, per (trial, tensor, statistic, worker); the least
+    recently used entries are dropped beyond ``max_entries``. Complete steps never change."""
+
+    def __init__(self, max_entries: int = 4096) -> None:
+        self._data: OrderedDict[Hashable, StepValues] = OrderedDict()
+        self._lock = threading.Lock()
+        self.max_entries = max_entries
+
+    def get(self, key: Hashable) -> StepValues:
+        """The values cached for ``key`` (a new empty entry when unknown)."""
+        with self._lock:
+            entry = self._data.get(key)
+            if entry is None:
+                entry = self._data[key] = StepValues()
+                while len(self._data) > self.max_entries:
+                    self._data.popitem(last=False)
+            else:
+                self._data.move_to_end(key)
+            return entry
+
+
+def check_statistic(statistic: str) -> str:
+    """``statistic`` when the overview offers it, else MltraceValueError listing those it does."""
+    if statistic not in OVERVIEW_STATISTICS:
+        raise MltraceValueError(
+            f"statistic {statistic!r} is not one the overview shows: choose from "
+            f"{', '.join(OVERVIEW_STATISTICS)}")
+    return statistic
+
+
+def statistic_steps(
+    trial: Trial,
+    tensor: str,
+    statistic: str,
+    worker: str | None = None,
+    cache: StatisticCache | None = None,
+    damaged: list[Damaged] | None = None,
+) -> StepValues:
+    """``statistic`` of ``tensor`` at every complete global step that has it (any mode).
+
+    A stored reduction is read in one batch of records (no raw value read); a step that stored
+    none gets it computed from its raw value. Unreadable steps are left out and appended to
+    ``damaged``; they are not cached (the file may be restored).
+    """
+    name, is_abs = parse_statistic(statistic)
+    entries = trial.index_entries(tensor)
+    known = cache.get((trial.path, tensor, statistic, worker)) if cache is not None else StepValues()
+    have = set(known.steps.tolist())
+    new = sorted(s for s in entries.global_steps() if s not in have and trial.is_step_complete(s))
+    if not new:
+        return known
+    stored: list[tuple[int, Any]] = []  # (step, Location of the stored reduction)
+    rest: list[tuple[int, Any]] = []
+    for step in new:
+        by_worker = entries.reductions.get(step)
+        loc = None
+        if by_worker:
+            chosen = worker if worker is not None else min(by_worker)
+            loc = by_worker.get(chosen, {}).get((name, is_abs))
+        (stored if loc is not None else rest).append((step, loc))
+    steps: list[int] = []
+    values: list[float] = []
+    if stored:
+        try:
+            arrays = trial.read_tensors([loc for _, loc in stored])
+        except _BATCH_FAILS:  # read one by one below, each with its own checks
+            rest = sorted(rest + stored, key=lambda x: x[0])
+        else:
+            for (step, _), arr in zip(stored, arrays):
+                flat = np.asarray(arr).reshape(-1)
+                steps.append(step)
+                values.append(float(np.real(flat[0])) if flat.size else float("nan"))
+    t = trial.tensor(tensor)
+    for step, _ in rest:
+        try:
+            row = step_statistics(t, step, ModeKeys.GLOBAL, worker, [statistic])
+        except UNREADABLE as exc:
+            if damaged is not None:
+                damaged.append(left_out(tensor, step, exc))
+            continue
+        if row and statistic in row:
+            steps.append(step)
+            values.append(row[statistic])
+    known.extend(steps, values)
+    return known
+
+
+@dataclass
+class HeatmapRow:
+    """One tensor's buckets: finite minimum and maximum (NaN where the bucket has no finite
+    value), how many steps it holds, and its NaN, +inf and -inf values counted apart."""
+
+    tensor: str
+    low: np.ndarray
+    high: np.ndarray
+    count: np.ndarray
+    nan: np.ndarray
+    posinf: np.ndarray
+    neginf: np.ndarray
+
+
+@dataclass
+class Heatmap:
+    """``statistic`` of ``rows`` over global steps, in ``len(starts)`` buckets.
+
+    Attributes:
+        starts, ends: the first and last global step each bucket covers (inclusive).
+        steps: how many distinct global steps the rows hold in all; ``bucketed``: whether
+            buckets hold more than one step (the matrix is then cut down, min/max per bucket).
+        damaged: steps left out because their records cannot be read.
+    """
+
+    statistic: str
+    mode: ModeKeys | None
+    starts: list[int]
+    ends: list[int]
+    steps: int
+    rows: list[HeatmapRow]
+    damaged: list[Damaged] = field(default_factory=list)
+
+    @property
+    def bucketed(self) -> bool:
+        """True when some bucket holds more than one global step."""
+        return self.steps > len(self.starts)
+
+
+def _bucket_edges(steps: np.ndarray, columns: int) -> np.ndarray:
+    """Indices into the sorted distinct ``steps`` where each of at most ``columns`` buckets
+    starts: equal numbers of saved steps per bucket, so gaps in saving leave no empty column."""
+    n = len(steps)
+    if n <= columns:
+        return np.arange(n)
+    return np.unique(np.floor(np.arange(columns) * (n / columns)).astype(np.int64))
+
+
+def tensor_heatmap(
+    trial: Trial,
+    tensors: Sequence[str],
+    statistic: str = "l2",
+    mode: ModeKeys | None = None,
+    columns: int = DEFAULT_COLUMNS,
+    worker: str | None = None,
+    cache: StatisticCache | None = None,
+) -> Heatmap:
+    """``statistic`` of each of ``tensors`` over the global steps of ``trial``, bucketed.
+
+    Args:
+        trial: the trial (refreshed once first when live).
+        tensors: the rows, in order.
+        statistic: one of OVERVIEW_STATISTICS.
+        mode: only the steps of this mode (None: every mode, on the global step axis).
+        columns: at most this many buckets (1 to MAX_COLUMNS).
+        worker: whose values (default: each step's first worker).
+        cache: keeps what was read for the next call.
+
+    Raises:
+        MltraceValueError: an unknown statistic or a column count out of range.
+    """
+    check_statistic(statistic)
+    if not 1 <= columns <= MAX_COLUMNS:
+        raise MltraceValueError(f"columns={columns} is out of range: give 1 to {MAX_COLUMNS}")
+    trial.maybe_refresh()
+    damaged: list[Damaged] = []
+    found = [(t, statistic_steps(trial, t, statistic, worker, cache, damaged)) for t in tensors]
+    if mode is not None:
+        in_mode = {g for g in (trial.to_global_step(s, mode) for s in trial.saved_steps(mode))
+                   if g is not None}
+        keep = np.fromiter(sorted(in_mode), dtype=np.int64)
+        found = [(t, _only(sv, keep)) for t, sv in found]
+    out = bucket_rows(found, statistic, columns)
+    out.mode, out.damaged = mode, damaged
+    return out
+
+
+def bucket_rows(found: Sequence[tuple[str, StepValues]], statistic: str, columns: int) -> Heatmap:
+    """The heat map of values already read: ``(tensor, StepValues)`` rows bucketed over the union
+    of their global steps into at most ``columns`` buckets of equal numbers of steps."""
+    all_steps = np.unique(np.concatenate([sv.steps for _, sv in found] or [np.empty(0, np.int64)]))
+    first = _bucket_edges(all_steps, columns)
+    starts = all_steps[first] if len(all_steps) else np.empty(0, np.int64)
+    ends = (np.append(all_steps[first[1:] - 1], all_steps[-1]) if len(all_steps)
+            else np.empty(0, np.int64))
+    rows = [_row(t, sv, starts) for t, sv in found]
+    return Heatmap(statistic, None, starts.tolist(), ends.tolist(), len(all_steps), rows)
+
+
+def _only(sv: StepValues, steps: np.ndarray) -> StepValues:
+    keep = np.isin(sv.steps, steps)
+    return StepValues(sv.steps[keep], sv.values[keep])
+
+
+def _row(tensor: str, sv: StepValues, starts: np.ndarray) -> HeatmapRow:
+    """Reduce one tensor's values into the buckets that begin at ``starts``."""
+    k = len(starts)
+    col = np.searchsorted(starts, sv.steps, side="right") - 1
+    v = sv.values
+    finite = np.isfinite(v)
+    low = np.full(k, np.nan)
+    high = np.full(k, np.nan)
+    np.fmin.at(low, col[finite], v[finite])
+    np.fmax.at(high, col[finite], v[finite])
+    return HeatmapRow(
+        tensor, low, high,
+        count=np.bincount(col, minlength=k),
+        nan=np.bincount(col[np.isnan(v)], minlength=k),
+        posinf=np.bincount(col[np.isposinf(v)], minlength=k),
+        neginf=np.bincount(col[np.isneginf(v)], minlength=k),
+    )

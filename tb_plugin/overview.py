@@ -1,0 +1,127 @@
+"""The overview panel's data: every tensor of a collection as a row, buckets of global steps as
+columns, one statistic per cell (``mltrace.analysis.tensor_heatmap`` computes it), with the rule
+findings to mark on it. JSON-ready dicts; no HTTP here.
+
+A cell is ``low``/``high`` (finite minimum and maximum of the bucket, null when it has none),
+``count`` (saved steps in it); non-finite values are listed apart per row as
+``[column, nan, +inf, -inf]`` so that none is ever lost to a bucket.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+
+from mltrace import analysis
+from mltrace.analysis import heatmap
+from mltrace.exceptions import MltraceValueError
+from mltrace.modes import ModeKeys
+from mltrace.trials import Trial
+from tb_plugin import rules_view
+
+#: The collection the overview opens on when the trial has it (what goes wrong first in training).
+DEFAULT_COLLECTION = "gradients"
+
+
+def default_collection(members: dict[str, list[str]]) -> str:
+    """``gradients`` when it has tensors, else the largest collection ("" when none has any)."""
+    if members.get(DEFAULT_COLLECTION):
+        return DEFAULT_COLLECTION
+    filled = [(len(v), k) for k, v in members.items() if v and k != "default"]
+    return max(filled)[1] if filled else ""
+
+
+def name_filter(pattern: str) -> re.Pattern[str]:
+    """The tensor-name filter of the tab: a regular expression (searched anywhere in the name,
+    case-insensitive), or, when ``pattern`` is not a valid one, the text itself (``[0`` finds
+    ``layer[0]``). The frontend's filterNames does the same in the browser."""
+    try:
+        return re.compile(pattern, re.IGNORECASE)
+    except re.error:
+        return re.compile(re.escape(pattern), re.IGNORECASE)
+
+
+def _floats(arr: np.ndarray) -> list[float | None]:
+    """Floats with 5 significant digits (the colour needs no more; the JSON stays small), None
+    for NaN (an empty bucket)."""
+    out: list[float | None] = [float(f"{x:.5g}") if x == x else None for x in arr.tolist()]
+    return out
+
+
+def _row(row: heatmap.HeatmapRow) -> dict[str, Any]:
+    bad = np.flatnonzero(row.nan + row.posinf + row.neginf)
+    return {
+        "tensor": row.tensor,
+        "low": _floats(row.low),
+        "high": _floats(row.high),
+        "count": row.count.tolist(),
+        "nonfinite": [[int(c), int(row.nan[c]), int(row.posinf[c]), int(row.neginf[c])]
+                      for c in bad],
+    }
+
+
+def _step_labels(trial: Trial, steps: list[int]) -> list[str | None]:
+    """``"TRAIN 10"`` for each global step (None when its mode is not known)."""
+    out: list[str | None] = []
+    for step in steps:
+        mode, mode_step = trial.mode_modestep(step)
+        out.append(f"{mode.name} {mode_step}" if mode is not None else None)
+    return out
+
+
+def overview(
+    trial: Trial,
+    collection: str | None,
+    statistic: str,
+    mode: ModeKeys | None,
+    columns: int,
+    pattern: str | None,
+    cache: heatmap.StatisticCache,
+) -> dict[str, Any]:
+    """The overview of one trial (see the module docstring).
+
+    Args:
+        collection: whose tensors are rows (None: :func:`default_collection`; "" all tensors).
+        statistic: one of ``heatmap.OVERVIEW_STATISTICS``.
+        mode: only this mode's steps (None: all, on the global step axis).
+        columns: at most this many step buckets.
+        pattern: keep only tensors whose names match (see :func:`name_filter`).
+
+    Raises:
+        MltraceValueError: an unknown collection or statistic.
+    """
+    info = analysis.trial_overview(trial)
+    if collection is None:
+        collection = default_collection(info.members)
+    if collection and collection not in info.members:
+        raise MltraceValueError(
+            f"trial {trial.name!r} has no collection {collection!r}; it has "
+            f"{', '.join(sorted(info.members))}")
+    names = info.members[collection] if collection else info.tensors
+    total = len(names)
+    if pattern:
+        rx = name_filter(pattern)
+        names = [n for n in names if rx.search(n)]
+    found = heatmap.tensor_heatmap(trial, names, statistic, mode, columns, cache=cache)
+    out: dict[str, Any] = {
+        "run": trial.name,
+        "collection": collection,
+        "collections": sorted(k for k, v in info.members.items() if v),
+        "statistic": statistic,
+        "statistics": list(heatmap.OVERVIEW_STATISTICS),
+        "mode": mode.name if mode is not None else None,
+        "ended": info.ended,
+        "tensors_in_collection": total,
+        "starts": found.starts,
+        "ends": found.ends,
+        "start_modes": _step_labels(trial, found.starts),
+        "steps": found.steps,
+        "bucketed": found.bucketed,
+        "rows": [_row(r) for r in found.rows],
+        "findings": rules_view.findings(trial, names),
+    }
+    if found.damaged:
+        out["damaged"] = [{"step": d.step, "error": d.error} for d in found.damaged[:50]]
+    return out

@@ -1,0 +1,44 @@
+// mltrace tab: the Collections panel (each collection, its configuration and tensors).
+
+import {el, getJSON} from "./dom.js";
+
+function saveConfigText(sc) {
+  return Object.entries(sc).map(([mode, c]) => {
+    const parts = [`every ${c.save_interval}`];
+    if (c.save_steps && c.save_steps.length) parts.push(`steps ${c.save_steps.join(",")}`);
+    if (c.start_step) parts.push(`from ${c.start_step}`);
+    if (c.end_step !== null && c.end_step !== undefined) parts.push(`until ${c.end_step}`);
+    return `${mode}: ${parts.join(", ")}`;
+  }).join("\n");
+}
+
+export async function collectionsPanel(ctx) {
+  for (const run of ctx.state.selected) {
+    const section = el("section", {class: "mt-run-section"}, el("h3", {}, run));
+    ctx.root.appendChild(section);
+    let answer;
+    try {
+      answer = await getJSON("collections", {run}, ctx.signal);
+    } catch (err) {
+      if (err.name === "AbortError") throw err;
+      section.appendChild(el("div", {class: "mt-error"}, err.message));
+      continue;
+    }
+    if (!ctx.alive()) return;
+    const table = el("table", {class: "mt-table mt-collections"},
+      el("tr", {}, ["Collection", "Include regexes", "Save config", "Reductions", "Histogram", "Tensors"].map((h) => el("th", {}, h))));
+    for (const c of answer.collections) {
+      const rc = c.reduction_config;
+      const reds = [rc.reductions, rc.mltrace_reductions].filter(Boolean).join(",") || "(none)";
+      table.appendChild(el("tr", {},
+        el("td", {class: "mt-name"}, c.name),
+        el("td", {}, c.include_regex.length ? c.include_regex.map((r) => el("code", {}, r)) : "—"),
+        el("td", {class: "mt-pre"}, saveConfigText(c.save_config)),
+        el("td", {}, `${reds}${rc.save_raw_tensor ? "; raw tensor" : ""}${rc.save_shape ? "; shape" : ""}`),
+        el("td", {}, c.save_histogram ? "yes" : "no"),
+        el("td", {}, el("details", {}, el("summary", {}, `${c.tensors.length} tensors`),
+          el("ul", {}, c.tensors.map((t) => el("li", {}, t)))))));
+    }
+    section.appendChild(table);
+  }
+}

@@ -1,0 +1,73 @@
+// mltrace tab: the Rules panel. One row per rule (its newest execution), findings first and the
+// rules that found nothing folded away; each row keeps its history of executions with their times.
+// Steps are global steps, with the mode step beside (what the rule's own message counts in).
+
+import {el, getJSON} from "./dom.js";
+import {firedText, splitRules, stepLabel, timeText} from "./data.js";
+
+function mlflowCell(x) {
+  if (x.mlflow_url) return el("a", {href: x.mlflow_url, target: "_blank", rel: "noopener noreferrer", class: "mt-mlflow"}, "MLflow run");
+  return x.mlflow_run_id ? el("code", {}, x.mlflow_run_id) : "—";
+}
+
+function history(rule) {
+  const rows = rule.history.map((x) => el("tr", {},
+    el("td", {}, timeText(x.started)), el("td", {}, x.ended ? timeText(x.ended) : "running"),
+    el("td", {}, el("span", {class: `mt-status mt-status-${x.status}`}, x.status)),
+    el("td", {}, String(x.evaluated_steps)), el("td", {}, firedText(x) || "—"), el("td", {}, mlflowCell(x))));
+  return el("details", {class: "mt-history"}, el("summary", {}, `history: ${rule.runs} execution${rule.runs > 1 ? "s" : ""}`),
+    el("table", {class: "mt-table"}, el("tr", {}, ["Started", "Ended", "Status", "Steps checked", "Fired at", "MLflow"].map((h) => el("th", {}, h))), rows));
+}
+
+function ruleRow(rule) {
+  const x = rule.history[0];
+  const first = x.first ? `first at step ${stepLabel(x.first.step, x.first.mode ? `${x.first.mode} ${x.first.mode_step}` : null)}` : "";
+  const what = x.status === "NothingChecked"
+    ? "no tensor of the trial matched what this rule inspects: nothing was checked"
+    : (x.message || x.error || (x.status === "NoIssuesFound" ? `checked ${x.evaluated_steps} steps, found nothing` : "—"));
+  return el("tr", {"data-rule": rule.rule},
+    el("td", {class: "mt-name"}, rule.rule),
+    el("td", {}, el("span", {class: `mt-status mt-status-${x.status}`}, x.status)),
+    el("td", {}, firedText(x) || "—", first ? el("div", {class: "mt-note"}, first) : null),
+    el("td", {}, what),
+    el("td", {}, timeText(x.started), history(rule)),
+    el("td", {class: "mt-pre"}, JSON.stringify(x.parameters, null, 1)),
+    el("td", {}, mlflowCell(x)));
+}
+
+function table(rules, cls) {
+  return el("table", {class: `mt-table mt-rules ${cls}`},
+    el("tr", {}, ["Rule", "Status", "Fired at global step (mode step)", "Finding", "Last run", "Parameters", "MLflow"].map((h) => el("th", {}, h))),
+    rules.map(ruleRow));
+}
+
+export async function rulesPanel(ctx) {
+  for (const run of ctx.state.selected) {
+    const section = el("section", {class: "mt-run-section"}, el("h3", {}, run));
+    ctx.root.appendChild(section);
+    let answer;
+    try {
+      answer = await getJSON("rules", {run}, ctx.signal);
+    } catch (err) {
+      if (err.name === "AbortError") throw err;
+      section.appendChild(el("div", {class: "mt-error"}, err.message));
+      continue;
+    }
+    if (!ctx.alive()) return;
+    if (!answer.rules.length) {
+      section.appendChild(el("div", {class: "mt-note"}, "No rule has run on this trial yet (python -m mltrace.rules.rule_invoker --trial-dir ... --rule-name ...)."));
+      continue;
+    }
+    const {loud, quiet} = splitRules(answer.rules);
+    if (loud.length) section.appendChild(table(loud, "mt-rules-loud"));
+    else section.appendChild(el("div", {class: "mt-note mt-clean"}, "No rule found an issue."));
+    if (quiet.length) {
+      section.appendChild(el("details", {class: "mt-quiet"},
+        el("summary", {}, `${quiet.length} rule${quiet.length > 1 ? "s" : ""} without findings`), table(quiet, "mt-rules-quiet")));
+    }
+    if (answer.mlflow && answer.mlflow.command) {
+      section.appendChild(el("div", {class: "mt-note"}, "MLflow links open the MLflow UI of this trial's tracking store; start it with ",
+        el("code", {}, answer.mlflow.command)));
+    }
+  }
+}
