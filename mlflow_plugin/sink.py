@@ -25,6 +25,9 @@ to MLflow's character set; in EVAL and PREDICT modes prefixed ``eval/`` and ``pr
 the step of the mode. Params: the hook's configuration as ``mltrace.*``. Tags: ``mltrace.trial``,
 ``mltrace.framework``, ``mltrace.version``, ``mltrace.run_type``.
 
+System metrics: ``system_metrics=True`` has MLflow sample CPU, memory, disk, network (and GPU)
+utilization into the run as ``system/...`` metrics while the sink is open (see _system_metrics).
+
 Autologging: when an MLflow autologging integration is on (or the run was created by one),
 metric names that something else writes in the run (autologging, or the user) are left to it:
 a new name waits CLAIM_DELAY seconds (or until close) before mltrace logs it; if by then the run
@@ -43,7 +46,7 @@ import threading
 import time
 from typing import Any
 
-from mlflow_plugin import _keys, _tracking, _transport
+from mlflow_plugin import _keys, _system_metrics, _tracking, _transport
 from mltrace import __version__
 from mltrace.exceptions import MltraceRuntimeError, MltraceValueError
 from mltrace.format import paths
@@ -66,6 +69,8 @@ OPTIONS = {
     "metric_prefix": "prefix for every metric name, e.g. 'mltrace/' (default none)",
     "logging_process": "send metrics from a helper process, not this one (default true, or "
                        "MLTRACE_MLFLOW_PROCESS=0 for false; see _transport)",
+    "system_metrics": "have MLflow log system metrics (CPU, memory, disk, network, GPU) in the run "
+                      "as system/... (default false; interval: MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL)",
 }
 _MODE_PREFIX = {ModeKeys.EVAL: "eval/", ModeKeys.PREDICT: "predict/"}
 _MAX_PENDING = 1_000_000
@@ -90,6 +95,7 @@ def create_sink(hook: Any, options: dict[str, Any]) -> Any:
         )
     if options.get("tags") is not None and not isinstance(options["tags"], dict):
         raise MltraceValueError(f"mlflow option tags={options['tags']!r} must be a dict")
+    _system_metrics.wanted(options)  # a value that is not a boolean fails here
     try:
         worker, _ = hook.adapter.worker_identity()
         if worker != hook.adapter.chief_worker():
@@ -142,6 +148,7 @@ class MlflowSink:
         self.tracking_uri = _tracking.resolve_tracking_uri(options.get("tracking_uri"))
         self.client = MlflowClient(tracking_uri=self.tracking_uri)
         self._fluent = self.tracking_uri == _tracking.absolute_uri(mlflow.get_tracking_uri())
+        self._system: _system_metrics.SystemMetrics | None = None
         self.run_id, self.experiment_id, self._owned = self._open_run(mlflow)
         self.trial = _tracking.trial_location(hook.out_dir)
         try:
@@ -179,6 +186,7 @@ class MlflowSink:
             except OSError as exc:
                 logger.warning("no MLflow helper process (%s): metrics are logged from a thread",
                                exc)
+        self._start_system_metrics(mlflow)
         self._thread = threading.Thread(target=self._run, name="mltrace-mlflow", daemon=True)
         self._thread.start()
         logger.info("mltrace logs to MLflow run %s (experiment %s, %s)", self.run_id,
@@ -206,8 +214,11 @@ class MlflowSink:
         tags = {str(k): _keys.tag_value(v) for k, v in (opts.get("tags") or {}).items()}
         name = opts.get("run_name")
         if self._fluent:
+            # System metrics of a run we start come from our own monitor (see _system_metrics):
+            # False keeps MLflow's global switch from starting a second one.
             run = mlflow.start_run(experiment_id=exp, run_name=name, nested=active is not None,
-                                   tags=tags)
+                                   tags=tags,
+                                   log_system_metrics=False if _system_metrics.wanted(opts) else None)
             return run.info.run_id, run.info.experiment_id, "fluent"
         from mlflow.tracking.context.registry import resolve_tags
 
@@ -229,6 +240,31 @@ class MlflowSink:
             run_id=self.run_id, experiment_id=self.experiment_id, tracking_uri=self.tracking_uri,
             artifact_uri=run.info.artifact_uri))
         return "mlflow.autologging" in run.data.tags
+
+    def _start_system_metrics(self, mlflow: Any) -> None:
+        """Have MLflow sample system metrics into the run, if asked (see _system_metrics). A
+        failure (psutil missing) is logged with its fix and the sink goes on without them."""
+        if not _system_metrics.wanted(self.options):
+            return
+        active = mlflow.active_run() if self._fluent else None
+        if (self._owned != "fluent" and active is not None and active.info.run_id == self.run_id
+                and _system_metrics.mlflow_samples_active_runs()):
+            logger.info("MLflow's own system-metrics logging is on and samples run %s already",
+                        self.run_id)
+            return
+        try:
+            self._system = _system_metrics.SystemMetrics(
+                self.run_id, self.tracking_uri, resume=self._owned is None)
+        except Exception as exc:
+            if self._strict:
+                raise
+            logger.error("no system metrics in MLflow run %s: %s", self.run_id, exc)
+
+    def stop_system_metrics(self) -> None:
+        """Stop sampling system metrics (training ended) and log what was sampled; close()
+        does it too. Trainer callbacks call it at the end of training."""
+        if self._system is not None:
+            self._system.stop()
 
     def _set_tags(self, tags: dict[str, Any]) -> None:
         from mlflow.entities import RunTag
@@ -471,6 +507,10 @@ class MlflowSink:
                 except Exception as exc:
                     logger.warning("MLflow artifacts of %s: %s failed: %s", self.trial,
                                    step.__name__, exc)
+        try:
+            self.stop_system_metrics()
+        except Exception as exc:  # MLflow's monitor: never a reason to leave the run open
+            logger.warning("stopping MLflow's system metrics of run %s failed: %s", self.run_id, exc)
         self._end_run()
         if self._unraised is not None and self._strict:
             self._raise_failure()

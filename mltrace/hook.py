@@ -307,6 +307,26 @@ class Hook:
         if self.plan.prepared and self.clock.started:
             self.save_for_tensor(tensor_name, tensor_value)
 
+    def add_sink(self, name: str, options: dict[str, Any]) -> None:
+        """Start logging to a tracking sink (``"mlflow"``: the ``mlflow=`` options) after the
+        hook was built: trainer callbacks (mltrace.transformers, mltrace.lightning) attach MLflow
+        once the trainer's own MLflow logger has opened the run they share. Scalars saved before
+        are in the trial only. A dry run logs nowhere.
+
+        Raises:
+            mltrace.exceptions.MltraceValueError: the sink is attached already, or bad options.
+        """
+        if name in self.options.sinks:
+            raise MltraceValueError(f"the hook logs to {name!r} already; add a sink once")
+        self.options.sinks[name] = dict(options)
+        if name == "mlflow":
+            self.options.mlflow = dict(options) or True
+        if self.dry_run:
+            return
+        from mltrace import plugins
+
+        self.outputs.sinks.append(plugins.create_sink(name, self, dict(options)))
+
     def stop_training_error(self) -> StopTrainingRequested:
         """Close the trial and return the exception that ends the user's loop (a rule asked)."""
         self.close()

@@ -126,14 +126,16 @@ class Outputs:
 
     # -- tensors --------------------------------------------------------------------------------
     def write_tensor(self, name: str, value: Any, array: np.ndarray | None,
-                     colls: Iterable[Collection], on_host: bool = False) -> np.ndarray | None:
+                     colls: Iterable[Collection], on_host: bool = False,
+                     to_sinks: bool = True) -> np.ndarray | None:
         """Write the shape, reductions and raw value that ``colls`` ask for; returns the host
-        copy made (None if none was needed). A tensor is written once per step."""
+        copy made (None if none was needed). A tensor is written once per step. ``to_sinks=False``
+        keeps a loss or metric out of the sinks (another logger sends it to the same run)."""
         if self.writer is None or name in self.written:
             return None
         self.written.add(name)
         try:
-            return self._write_parts(name, value, array, list(colls), on_host)
+            return self._write_parts(name, value, array, list(colls), on_host, to_sinks)
         except MltraceTypeError as exc:
             # One odd tensor (say, a quantized dtype) must not stop the others from being saved.
             if self.strict:
@@ -144,7 +146,7 @@ class Outputs:
             return None
 
     def _write_parts(self, name: str, value: Any, array: np.ndarray | None,
-                     colls: list[Collection], on_host: bool) -> np.ndarray | None:
+                     colls: list[Collection], on_host: bool, to_sinks: bool = True) -> np.ndarray | None:
         save_raw, save_shape, items = what_to_save(colls)
         self._open_step()
         assert self.writer is not None
@@ -159,7 +161,7 @@ class Outputs:
                     self._write_record(reduction_tensor_name(name, red, abs_), result)
         if save_raw and array is not None and array.size:
             self._write_record(name, array)
-            if self.sinks and any(c.name in METRIC_COLLECTIONS for c in colls):
+            if self.sinks and to_sinks and any(c.name in METRIC_COLLECTIONS for c in colls):
                 self.log_to_sinks(name, float(np.mean(array)), self._clock.mode_step)
         if self.tensorboard is not None:
             array = self._export_summaries(name, value, array, colls, on_host)
