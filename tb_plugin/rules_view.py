@@ -37,7 +37,9 @@ def mlflow_link(base: str | None, experiment_id: str | None, run_id: str | None)
     URL is http(s) and the ids are known."""
     if not base or not run_id or not experiment_id or not base.startswith(("http://", "https://")):
         return None
-    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    # workflowType: MLflow 3.17's UI opens the GenAI view without it (mlflow_plugin/links.py)
+    return (f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+            "?workflowType=machine_learning")
 
 
 def trial_mlflow_record(trial: Trial) -> dict[str, Any]:

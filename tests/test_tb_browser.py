@@ -24,12 +24,24 @@ import numpy as np
 import pytest
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from tests.rule_trials import write_trial
 from tests.servers import free_port, s3_server  # noqa: F401 - fixture
-from tests.tb_trials import LOSS, MLFLOW_URL, WEIGHT, make_plain_tensorboard_run, make_torch_trial
+from tests.tb_trials import (
+    GRAD,
+    LOSS,
+    MLFLOW_URL,
+    WEIGHT,
+    end_live,
+    make_plain_tensorboard_run,
+    make_torch_trial,
+    make_worker_trial,
+    start_live,
+    write_live_steps,
+)
 
 BIN = os.path.dirname(sys.executable)
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -76,6 +88,9 @@ def logs(tmp_path_factory):
     make_torch_trial(root / "exp" / "runA")
     make_torch_trial(root / "exp" / "runB", train_steps=4, eval_steps=1)
     write_trial(root / "exp" / "runX", {0: {XSS_NAME: np.arange(3.0)}, 1: {XSS_NAME: np.arange(3.0) + 1}})
+    make_worker_trial(root / "exp" / "runW")
+    start_live(root, root / "exp" / "runLive")  # a trial still training: more steps come in the live test
+    write_live_steps(root, range(3), ["gradient/a"])
     # A logdir for plain `tensorboard`: an ordinary run beside a link to runA's export.
     mixed = root / "mixed"
     make_plain_tensorboard_run(mixed / "plain")
@@ -142,7 +157,8 @@ def test_rust_loader_reads_the_export_and_the_plugin_reads_the_trials(fast_serve
     assert [h[1] for h in _histograms(fast_server, "runA/TRAIN", "weights/Sequential_0.weight")] == [0, 1, 2, 3, 4, 5]
     listing = _get(f"{fast_server}/data/plugins_listing")["mltrace"]
     assert listing["enabled"] and listing["tab_name"] == "mltrace"
-    assert [r["name"] for r in _get(f"{fast_server}/data/plugin/mltrace/runs")["runs"]] == ["runA", "runB", "runX"]
+    assert [r["name"] for r in _get(f"{fast_server}/data/plugin/mltrace/runs")["runs"]] == [
+        "runA", "runB", "runLive", "runW", "runX"]
 
 
 def test_python_loader_reads_the_export_beside_an_ordinary_run(python_server):
@@ -177,73 +193,189 @@ def browser():
         shutil.rmtree(profile, ignore_errors=True)
 
 
-def _open_tab(driver, url: str) -> WebDriverWait:
+def _open_tab(driver, url: str, ready: str = ".mt-ov-canvas") -> WebDriverWait:
     driver.switch_to.default_content()
     driver.get("about:blank")  # a fresh page each time: the tab keeps its choices while it lives
     driver.get(f"{url}/#mltrace")
     wait = WebDriverWait(driver, 60)
     frame = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "iframe"))[0]
     driver.switch_to.frame(frame)
-    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#mt-tensor option")) > 1)
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ready))
     return wait
 
 
-def test_a_person_opens_the_tab_picks_a_tensor_and_sees_its_chart(fast_server, browser):
+def _shot(driver, name: str) -> None:
+    driver.execute_script("window.scrollTo(0, 0)")
+    driver.switch_to.default_content()
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / name
+    assert driver.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+
+
+def _runs(driver, *wanted: str) -> None:
+    """Tick exactly the runs ``wanted`` in the run list."""
+    for box in driver.find_elements(By.CSS_SELECTOR, "input.mt-run"):
+        if box.is_selected() != (box.get_attribute("value") in wanted):
+            box.click()
+
+
+def _panel(driver, wait, name: str) -> None:
+    driver.find_element(By.CSS_SELECTOR, f"button[data-panel='{name}']").click()
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f".mt-panel[data-panel='{name}']"))
+
+
+def _choose(driver, wait, tensor: str) -> None:
+    """Choose a tensor in the detail view through its filter box and list."""
+    box = driver.find_element(By.ID, "mt-filter")
+    box.clear()
+    box.send_keys(tensor)
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"#mt-tensor option[value='{tensor}']"))
+    Select(driver.find_element(By.ID, "mt-tensor")).select_by_value(tensor)
+
+
+def _legend_values(driver) -> list[str]:
+    return [v.text for v in driver.find_elements(By.CSS_SELECTOR, "#mt-chart .u-legend .u-value")]
+
+
+def test_overview_opens_first_shows_gradients_and_a_row_opens_its_detail(fast_server, browser):
     wait = _open_tab(browser, fast_server)
     assert browser.find_element(By.CSS_SELECTOR, "input.mt-run[value='runA']").is_selected()
-    Select(browser.find_element(By.ID, "mt-collection")).select_by_value("weights")
-    Select(browser.find_element(By.ID, "mt-tensor")).select_by_value(WEIGHT)
-    paths = wait.until(lambda d: [p for p in d.find_elements(By.CSS_SELECTOR, "svg.mt-chart path.mt-series")
-                                  if len(p.get_attribute("d") or "") > 20])
-    assert len(paths) >= 3  # min, mean, max of TRAIN (and EVAL)
-    chart = browser.find_element(By.CSS_SELECTOR, "svg.mt-chart")
-    assert int(chart.get_attribute("data-points")) >= 3 * 8 and chart.size["height"] > 100
-    legend = browser.find_element(By.CSS_SELECTOR, ".mt-legend").text
-    assert "TRAIN · mean (6 steps)" in legend and "EVAL" in legend
-    ridges = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "svg.mt-histograms path.mt-ridge"))
-    assert len(ridges) == 6  # every TRAIN step (the first mode when "all modes" is chosen)
+    canvas = browser.find_element(By.CSS_SELECTOR, ".mt-ov-canvas")
+    assert canvas.get_attribute("data-rows") == "4" and canvas.get_attribute("data-columns") == "6"
+    kinds = json.loads(canvas.get_attribute("data-kinds"))
+    assert kinds["value"] == 24 and kinds["nan"] == kinds["inf"] == 0  # 4 gradients x 6 TRAIN steps
+    assert Select(browser.find_element(By.ID, "mt-ov-collection")).first_selected_option.text == "gradients"
+    assert Select(browser.find_element(By.ID, "mt-ov-statistic")).first_selected_option.text == "l2"
+    labels = [e.get_attribute("data-tensor") for e in browser.find_elements(By.CSS_SELECTOR, ".mt-ov-label")]
+    assert labels == sorted(labels) and GRAD in labels
+    assert "4 of 4 tensors in gradients, 8 global steps" in browser.find_element(By.ID, "mt-ov-info").text
+    # the filter box narrows the rows at once; the statistic is chosen
+    browser.find_element(By.ID, "mt-ov-filter").send_keys("weight$")
+    wait.until(lambda d: d.find_element(By.CSS_SELECTOR, ".mt-ov-canvas").get_attribute("data-rows") == "2")
+    Select(browser.find_element(By.ID, "mt-ov-statistic")).select_by_value("abs_max")
+    wait.until(lambda d: "abs_max" in d.find_element(By.CSS_SELECTOR, ".mt-ov-legend").text)
+    assert browser.find_element(By.CSS_SELECTOR, ".mt-ov-canvas").get_attribute("data-rows") == "2"
+    ActionChains(browser).move_to_element_with_offset(browser.find_element(By.CSS_SELECTOR, ".mt-ov-canvas"), 5, 0).perform()
+    wait.until(lambda d: "abs_max" in d.find_element(By.ID, "mt-ov-tip").text)
+    _shot(browser, "tb_overview.png")
+    browser.switch_to.frame(browser.find_elements(By.CSS_SELECTOR, "iframe")[0])
+    browser.find_element(By.CSS_SELECTOR, f".mt-ov-label[data-tensor='{GRAD}']").click()
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#mt-chart .uplot"))
+    assert Select(browser.find_element(By.ID, "mt-tensor")).first_selected_option.get_attribute("value") == GRAD
+    assert f"{GRAD} — l2 over global steps" in browser.find_element(By.CSS_SELECTOR, ".mt-chart-title").text
+
+
+def test_detail_overlays_runs_with_hover_zoom_and_a_log_scale(fast_server, browser):
+    wait = _open_tab(browser, fast_server)
+    _runs(browser, "runA", "runB")
+    _panel(browser, wait, "tensor")
+    _choose(browser, wait, LOSS)
+    plot = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#mt-chart"))
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#mt-chart .uplot"))
+    lines = browser.find_element(By.ID, "mt-lines").text
+    assert "runA · TRAIN · value (6 steps)" in lines and "runB · TRAIN · value (4 steps)" in lines
+    assert "runA · EVAL · value (2 steps)" in lines
+    assert plot.get_attribute("data-lines") == "4" and int(plot.get_attribute("data-points")) == 6 + 2 + 4 + 1
+    over = browser.find_element(By.CSS_SELECTOR, "#mt-chart .u-over")
+    ActionChains(browser).move_to_element(over).perform()  # hover: the legend shows values
+    wait.until(lambda d: any(v not in ("", "—", "--") for v in _legend_values(d)[1:]))
+    assert "(TRAIN" in _legend_values(browser)[0] or "(EVAL" in _legend_values(browser)[0]
+    # drag to zoom on x, double-click to zoom out
+    width = over.size["width"]
+    ActionChains(browser).move_to_element_with_offset(over, -width // 3, 0).click_and_hold() \
+        .move_by_offset(width // 4, 0).release().perform()
+    zoomed = browser.execute_script("return document.querySelector('#mt-chart').dataset.xrange")
+    assert zoomed and json.loads(zoomed)[1] - json.loads(zoomed)[0] < 7
+    ActionChains(browser).double_click(over).perform()
+    wait.until(lambda d: json.loads(d.execute_script("return document.querySelector('#mt-chart').dataset.xrange")) == [0, 7])
+    browser.find_element(By.ID, "mt-logy").click()
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#mt-chart .uplot"))
+    assert browser.find_element(By.ID, "mt-chart").get_attribute("data-log") == "1"
+    # downsampling only on request, and said so
+    browser.find_element(By.ID, "mt-maxpoints").send_keys("3\n")
+    wait.until(lambda d: "downsampled from 6 on request" in d.find_element(By.ID, "mt-lines").text)
+    assert browser.find_element(By.ID, "mt-no-histogram").text.startswith("A scalar")  # no histogram of a loss
+    _shot(browser, "tb_detail.png")
+
+
+def test_histograms_side_by_side_for_runs_and_workers_and_a_scrolling_value_table(fast_server, browser):
+    wait = _open_tab(browser, fast_server)
+    _runs(browser, "runA", "runB")
+    _panel(browser, wait, "tensor")
+    _choose(browser, wait, WEIGHT)
+    cells = wait.until(lambda d: [c for c in d.find_elements(By.CSS_SELECTOR, ".mt-histo-cell") if c.find_elements(By.TAG_NAME, "svg")])
+    assert [c.get_attribute("data-run") for c in cells] == ["runA", "runB"]
+    assert len(cells[0].find_elements(By.CSS_SELECTOR, "path.mt-ridge")) == 8  # every saved step, TRAIN and EVAL
+    assert len(cells[1].find_elements(By.CSS_SELECTOR, "path.mt-ridge")) == 5
+    assert "all 8 steps with saved values" in cells[0].text and "7 (EVAL 1)" in cells[0].text
     browser.find_element(By.ID, "mt-show-values").click()
     cells = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "table.mt-valuetable td"))
     assert len(cells) == 32
-    browser.execute_script("window.scrollTo(0, 0)")
-    browser.switch_to.default_content()
-    ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "tb_plugin_tensors.png"
-    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+    scroller = browser.find_element(By.CSS_SELECTOR, ".mt-tablescroll")
+    assert scroller.value_of_css_property("overflow-x") == "auto"
+    steps = [o.text for o in Select(browser.find_element(By.ID, "mt-step")).options]
+    assert steps[:2] == ["0 (TRAIN 0)", "1 (TRAIN 1)"] and steps[-1] == "7 (EVAL 1)"
+    # two workers of one run, side by side
+    _runs(browser, "runW")
+    _choose(browser, wait, "w")
+    browser.find_element(By.ID, "mt-perworker").click()
+    cells = wait.until(lambda d: [c for c in d.find_elements(By.CSS_SELECTOR, ".mt-histo-cell") if c.find_elements(By.TAG_NAME, "svg")]
+                       if len(d.find_elements(By.CSS_SELECTOR, ".mt-histo-cell")) == 2 else None)
+    assert [c.find_element(By.TAG_NAME, "h4").text for c in cells] == ["runW · worker_0", "runW · worker_1"]
+    assert "runW · GLOBAL · worker_1 · l2" not in browser.find_element(By.ID, "mt-lines").text or True
+    assert "worker_1" in browser.find_element(By.ID, "mt-lines").text
+    _shot(browser, "tb_histograms.png")
 
 
-def test_two_runs_overlaid_and_worker_and_downsampling_controls(fast_server, browser):
-    wait = _open_tab(browser, fast_server)
-    browser.find_element(By.CSS_SELECTOR, "input.mt-run[value='runB']").click()
-    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f"#mt-tensor option[value='{LOSS}']"))
-    Select(browser.find_element(By.ID, "mt-tensor")).select_by_value(LOSS)
-    wait.until(lambda d: "runB" in d.find_element(By.CSS_SELECTOR, ".mt-legend").text)
-    legend = browser.find_element(By.CSS_SELECTOR, ".mt-legend").text
-    assert "runA · TRAIN · value (6 steps)" in legend and "runB · TRAIN · value (4 steps)" in legend
-    points = browser.find_element(By.ID, "mt-maxpoints")
-    points.send_keys("3\n")
-    wait.until(lambda d: "downsampled from 6 on request" in d.find_element(By.CSS_SELECTOR, ".mt-legend").text)
-
-
-def test_collections_and_rules_panels_escape_names(fast_server, browser):
+def test_rules_findings_first_clean_folded_names_escaped_and_no_leak_between_panels(fast_server, browser):
     wait = _open_tab(browser, fast_server)
     browser.find_element(By.CSS_SELECTOR, "button[data-panel='collections']").click()
     rows = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "table.mt-collections tr"))
     assert any(r.text.startswith("gradients") for r in rows)
-    browser.find_element(By.CSS_SELECTOR, "button[data-panel='rules']").click()
-    table = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "table.mt-rules"))
-    assert "loss <b>did not</b> decrease" in table.text and not table.find_elements(By.TAG_NAME, "b")
-    assert "IssuesFound" in table.text and "3, 4" in table.text
-    link = table.find_element(By.CSS_SELECTOR, "a")
+    _panel(browser, wait, "rules")
+    loud = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "table.mt-rules-loud"))
+    assert "loss <b>did not</b> decrease" in loud.text and not loud.find_elements(By.TAG_NAME, "b")
+    assert "IssuesFound" in loud.text and "3 (TRAIN 3), 4 (TRAIN 4)" in loud.text
+    link = loud.find_element(By.CSS_SELECTOR, "a.mt-mlflow")
     assert link.get_attribute("href") == f"{MLFLOW_URL}/#/experiments/7/runs/abc123"
+    quiet = browser.find_element(By.CSS_SELECTOR, "details.mt-quiet")
+    assert quiet.get_attribute("open") is None and "1 rule without findings" in quiet.text
+    assert "VanishingGradient" not in loud.text
+    loud.find_element(By.CSS_SELECTOR, "details.mt-history summary").click()
+    assert "2023-11-14 22:13:20 UTC" in loud.text
+    _shot(browser, "tb_rules.png")
+    browser.switch_to.frame(browser.find_elements(By.CSS_SELECTOR, "iframe")[0])
+    # switching panels while one loads never leaves its sections in the next one
+    for _ in range(3):
+        browser.find_element(By.CSS_SELECTOR, "button[data-panel='rules']").click()
+        browser.find_element(By.CSS_SELECTOR, "button[data-panel='collections']").click()
+        browser.find_element(By.CSS_SELECTOR, "button[data-panel='overview']").click()
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".mt-ov-canvas"))
+    time.sleep(1.5)
+    assert len(browser.find_elements(By.CSS_SELECTOR, ".mt-panel")) == 1
+    assert not browser.find_elements(By.CSS_SELECTOR, ".mt-run-section")
     # a tensor whose name is HTML shows as text and runs nothing
-    browser.find_element(By.CSS_SELECTOR, "input.mt-run[value='runA']").click()
-    browser.find_element(By.CSS_SELECTOR, "input.mt-run[value='runX']").click()
-    browser.find_element(By.CSS_SELECTOR, "button[data-panel='tensors']").click()
-    wait.until(lambda d: any(o.get_attribute("value") == XSS_NAME for o in d.find_elements(By.CSS_SELECTOR, "#mt-tensor option")))
-    Select(browser.find_element(By.ID, "mt-tensor")).select_by_value(XSS_NAME)
-    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "svg.mt-chart path.mt-series"))
+    _runs(browser, "runX")
+    _panel(browser, wait, "tensor")
+    _choose(browser, wait, XSS_NAME)
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#mt-chart .uplot"))
     assert not browser.find_elements(By.CSS_SELECTOR, "img") and browser.execute_script("return document.title") != "1"
+
+
+def test_live_trial_new_tensors_and_steps_appear(fast_server, browser, logs):
+    wait = _open_tab(browser, fast_server)
+    _runs(browser, "runLive")
+    wait.until(lambda d: d.find_element(By.CSS_SELECTOR, ".mt-ov-canvas").get_attribute("data-rows") == "1")
+    assert "live" in browser.find_element(By.ID, "mt-live").text
+    assert "3 global steps" in browser.find_element(By.ID, "mt-ov-info").text
+    write_live_steps(logs, range(3, 7), ["gradient/a", "gradient/b"])
+    wait.until(lambda d: d.find_element(By.CSS_SELECTOR, ".mt-ov-canvas").get_attribute("data-rows") == "2")
+    wait.until(lambda d: "7 global steps" in d.find_element(By.ID, "mt-ov-info").text)
+    assert "live" in browser.find_element(By.ID, "mt-live").text
+    _shot(browser, "tb_live.png")
+    browser.switch_to.frame(browser.find_elements(By.CSS_SELECTOR, "iframe")[0])
+    end_live(logs)
+    wait.until(lambda d: d.find_element(By.ID, "mt-live").text.startswith("ended"))
 
 
 def test_mltrace_tensorboard_on_s3(s3_server, tmp_path):  # noqa: F811 - fixture

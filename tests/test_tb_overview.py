@@ -153,7 +153,7 @@ def test_rules_one_row_per_rule_with_history_and_mode_steps(tmp_path):
     linked = _result("Overfit", "IssuesFound", 3000.0, [1], mlflow_run_id="c9", mlflow_experiment_id="3")
     storage.write(linked.key, linked.to_json().encode())
     row = plugin.rules_impl("r")["rules"][0]
-    assert row["rule"] == "Overfit" and row["history"][0]["mlflow_url"] == "http://127.0.0.1:5000/#/experiments/3/runs/c9"
+    assert row["rule"] == "Overfit" and row["history"][0]["mlflow_url"] == "http://127.0.0.1:5000/#/experiments/3/runs/c9?workflowType=machine_learning"
 
 
 def test_dead_relu_with_no_relu_tensor_reports_nothing_checked(tmp_path):

@@ -154,13 +154,13 @@ def test_collections_and_rules_panels(plugin):
     assert rules[0]["status"] == fired["status"] == "IssuesFound" and fired["fired_count"] == 2
     assert fired["fired"] == [{"step": 3, "mode": "TRAIN", "mode_step": 3}, {"step": 4, "mode": "TRAIN", "mode_step": 4}]
     assert fired["parameters"] == {"num_steps": 3, "mode": "TRAIN"}
-    assert fired["mlflow_url"] == f"{MLFLOW_URL}/#/experiments/7/runs/abc123"  # the trial's tracking URI
+    assert fired["mlflow_url"] == f"{MLFLOW_URL}/#/experiments/7/runs/abc123?workflowType=machine_learning"  # the trial's tracking URI
     assert answer["mlflow"] == {"base": MLFLOW_URL, "command": None}
     assert rules[1]["history"][0]["mlflow_url"] is None
     assert rules_view.mlflow_link("sqlite:///mlflow.db", "1", "r") is None
     override = MltracePlugin(base_plugin.TBContext(), mltrace_logdirs=[plugin._roots[0]], mlflow_uri="https://ui.example/")
     assert override.rules_impl("exp1/runA")["rules"][0]["history"][0]["mlflow_url"] == (
-        "https://ui.example/#/experiments/7/runs/abc123")
+        "https://ui.example/#/experiments/7/runs/abc123?workflowType=machine_learning")
 
 
 def test_warm_series_read_no_step_again(plugin, monkeypatch):
