@@ -16,93 +16,13 @@ from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
 from mltrace.exceptions import MltraceValueError
 from mltrace.json_config import parse_hook_config
 from mltrace.modes import ModeKeys
+from tests.smdebug_era_configs import SMDEBUG_ERA_CONFIGS, write_config
 from tests.torch_training import make_model, train
-
-# The shapes of smdebug 1.0.34's test configurations (tests/{core,mxnet,pytorch,tensorflow,
-# xgboost}), LocalPath filled in per test. Each one worked with smdebug's create_from_json_file.
-SMDEBUG_ERA_CONFIGS = {
-    "core_all_params": {
-        "S3OutputPath": "s3://bucket/prefix",
-        "HookParameters": {"save_interval": "2", "save_all": "true", "include_workers": "one",
-                           "export_tensorboard": "true", "tensorboard_dir": "TB"},
-        "CollectionConfigurations": [
-            {"CollectionName": "weights", "CollectionParameters": {"save_histogram": "false"}},
-            {"CollectionName": "gradients", "CollectionParameters": {"save_histogram": False}}]},
-    "mxnet_full": {
-        "S3Path": "s3://bucket/prefix",
-        "HookParameters": {"save_all": False, "include_regex": "regexe1,regex2",
-                           "save_interval": "100", "save_steps": "1,2,3,4", "start_step": "1",
-                           "end_step": "1000000",
-                           "reductions": "min,max,mean, std,abs_variance,abs_sum,abs_l2_norm"},
-        "CollectionConfigurations": [
-            {"CollectionName": "collection_obj_name1",
-             "CollectionParameters": {"include_regex": "regexe5*", "save_interval": 100,
-                                      "save_steps": "1,2,3", "start_step": 1,
-                                      "reductions": "min, abs_max,l1_norm,abs_l2_norm"}}]},
-    "pytorch_multi_collections": {
-        "S3Path": "s3://bucket/prefix",
-        "HookParameters": {"save_all": False, "save_steps": "0, 1, 2, 3"},
-        "CollectionConfigurations": [
-            {"CollectionName": "weights"}, {"CollectionName": "biases"},
-            {"CollectionName": "gradients"}, {"CollectionName": "default"},
-            {"CollectionName": "ReluActivation",
-             "CollectionParameters": {"include_regex": "relu*", "save_steps": "4, 5, 6"}}]},
-    "pytorch_save_shape": {"HookParameters": {"save_all": True, "save_shape": True,
-                                              "save_steps": "0,1"}},
-    "pytorch_modes": {"HookParameters": {"save_all": True, "train.save_steps": "0,1,2,3,4"}},
-    "tf_collection_defaults": {
-        "S3OutputPath": "s3://bucket/prefix",
-        "HookParameters": {"save_interval": 1, "train.save_interval": 2, "eval.save_interval": 3},
-        "CollectionConfigurations": [
-            {"CollectionName": "weights"},
-            {"CollectionName": "losses",
-             "CollectionParameters": {"eval.save_interval": 4, "global.save_interval": 5}}]},
-    "tf_reductions": {
-        "HookParameters": {
-            "reductions": "min, max, mean, std, variance, sum, prod, abs_min, abs_max, abs_mean, "
-                          "abs_std, abs_variance, abs_sum, abs_prod, l1_norm, l2_norm, "
-                          "abs_l1_norm, abs_l2_norm",
-            "train.save_interval": 1},
-        "CollectionConfigurations": [{"CollectionName": "weights"},
-                                     {"CollectionName": "losses"}]},
-    "tf_save_config_disable": {"HookParameters": {"end_step": 0}},
-    "tf_simple_include_regex": {"HookParameters": {"save_all": False, "include_regex": "loss:0",
-                                                   "save_interval": 2},
-                                "CollectionConfigurations": []},
-    # smdebug's XGBoost tests passed include_collections, which smdebug read nowhere
-    "xgboost_full": {
-        "S3Path": "s3://bucket/prefix",
-        "HookParameters": {
-            "include_regex": "regexe1,regex2",
-            "reductions": "min,max,mean,std,abs_variance,abs_sum,abs_l2_norm",
-            "include_collections": "collection_obj_name1,collection_obj_name2",
-            "save_all": False, "save_interval": 100, "save_steps": "1,2,3,4", "start_step": 1},
-        "CollectionConfigurations": [
-            {"CollectionName": "collection_obj_name1",
-             "CollectionParameters": {"include_regex": "regexe5*", "save_interval": 100,
-                                      "save_steps": "1,2,3", "start_step": 1,
-                                      "reductions": "min,abs_max,l1_norm,abs_l2_norm"}}]},
-    # what the SageMaker SDK writes (strings everywhere), with a section mltrace does not read
-    "sagemaker_sdk": {
-        "S3OutputPath": "s3://bucket/job/debug-output",
-        "HookParameters": {"save_interval": "500", "include_collections": "weights,gradients"},
-        "CollectionConfigurations": [
-            {"CollectionName": "gradients", "CollectionParameters": {"save_interval": "10"}}],
-        "RuleConfigurations": [{"RuleName": "VanishingGradient"}]},
-}
-
-
-def _write(tmp_path, name: str, doc: dict) -> str:
-    doc = json.loads(json.dumps(doc).replace('"TB"', json.dumps(str(tmp_path / "tb"))))
-    doc = {"LocalPath": str(tmp_path / name), **doc}
-    path = tmp_path / f"{name}.json"
-    path.write_text(json.dumps(doc))
-    return str(path)
 
 
 @pytest.mark.parametrize("name", sorted(SMDEBUG_ERA_CONFIGS))
 def test_smdebug_era_configurations_build_a_hook_that_trains(tmp_path, name):
-    hook = smd.Hook.create_from_json_file(_write(tmp_path, name, SMDEBUG_ERA_CONFIGS[name]))
+    hook = smd.Hook.create_from_json_file(write_config(tmp_path, name, SMDEBUG_ERA_CONFIGS[name]))
     model = make_model()
     hook.register_module(model)
     train(model, hook, 3, mode=smd.modes.TRAIN)
@@ -113,7 +33,7 @@ def test_smdebug_era_configurations_build_a_hook_that_trains(tmp_path, name):
 
 def test_keys_smdebug_ignored_warn_with_advice_and_change_nothing(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="mltrace"):
-        config = parse_hook_config(json.loads(open(_write(
+        config = parse_hook_config(json.loads(open(write_config(
             tmp_path, "x", SMDEBUG_ERA_CONFIGS["xgboost_full"])).read()), "xgb.json")
     [warning] = [r.getMessage() for r in caplog.records if "include_collections" in r.getMessage()]
     assert "xgb.json HookParameters" in warning and "smdebug ignored it too" in warning
