@@ -107,12 +107,18 @@ def _save_config_from(layers: list[Mapping[str, Any]], where: str,
 
 
 def _reduction_config_from(params: Mapping[str, Any], where: str) -> ReductionConfig | None:
+    """The ReductionConfig the keys ask for, None when they name none. Without ``reductions``
+    the raw tensor is saved unless ``save_raw_tensor`` says otherwise: smdebug read these keys
+    only beside ``reductions`` and otherwise saved raw tensors, so ``{"save_shape": true}`` alone
+    saves raw tensors, as it did there, and their shapes."""
     if not any(k in params for k in _REDUCTION_KEYS):
         return None
+    raw_default = "reductions" not in params
     try:
         return ReductionConfig.from_dict(
             {"reductions": params.get("reductions", ""),
-             "save_raw_tensor": parse_flag("save_raw_tensor", params.get("save_raw_tensor", False)),
+             "save_raw_tensor": parse_flag("save_raw_tensor",
+                                           params.get("save_raw_tensor", raw_default)),
              "save_shape": parse_flag("save_shape", params.get("save_shape", False))}
         )
     except MltraceValueError as exc:

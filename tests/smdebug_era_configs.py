@@ -88,6 +88,7 @@ def write_config(folder: Path, name: str, doc: dict[str, Any]) -> str:
     (and "TB" standing for ``folder/tb``); return the file's path."""
     doc = json.loads(json.dumps(doc).replace('"TB"', json.dumps(str(folder / "tb"))))
     doc = {"LocalPath": str(folder / name), **doc}
+    folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.json"
     path.write_text(json.dumps(doc))
     return str(path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 
+import numpy as np
 import pytest
 
 import mltrace.pytorch as smd
@@ -16,6 +17,7 @@ from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
 from mltrace.exceptions import MltraceValueError
 from mltrace.json_config import parse_hook_config
 from mltrace.modes import ModeKeys
+from mltrace.trials import create_trial
 from tests.smdebug_era_configs import SMDEBUG_ERA_CONFIGS, write_config
 from tests.torch_training import make_model, train
 
@@ -29,6 +31,21 @@ def test_smdebug_era_configurations_build_a_hook_that_trains(tmp_path, name):
     hook.close()
     for entry in SMDEBUG_ERA_CONFIGS[name].get("CollectionConfigurations", []):
         assert entry["CollectionName"] in hook.get_collections()
+
+
+def test_save_shape_alone_keeps_the_raw_tensors_smdebug_saved(tmp_path):
+    """smdebug read save_shape only beside reductions and saved raw tensors otherwise: the same
+    file must not leave a ported job with shapes only."""
+    hook = smd.Hook.create_from_json_file(
+        write_config(tmp_path, "shape", SMDEBUG_ERA_CONFIGS["pytorch_save_shape"]))
+    model = make_model()
+    hook.register_module(model)
+    captured = train(model, hook, 2, mode=smd.modes.TRAIN)
+    hook.close()
+    trial = create_trial(str(tmp_path / "shape"))
+    weight = trial.tensor("Sequential_0.weight")
+    assert np.array_equal(weight.value(1), captured.values["Sequential_0.weight"][1])
+    assert tuple(weight.shape(1)) == captured.values["Sequential_0.weight"][1].shape
 
 
 def test_keys_smdebug_ignored_warn_with_advice_and_change_nothing(tmp_path, caplog):
