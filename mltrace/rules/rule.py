@@ -10,26 +10,14 @@ from __future__ import annotations
 import json
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable
 from typing import Any
 
+# no_refresh lives at smdebug's place now; importing it from here keeps working
+from mltrace.analysis.utils import no_refresh as no_refresh
 from mltrace.exceptions import MltraceValueError, RuleEvaluationConditionMet
 from mltrace.rules.req_tensors import RequiredTensors
 from mltrace.trials import Trial
-
-
-@contextmanager
-def no_refresh(trials: Sequence[Trial]):
-    """Within the block, queries do not look for new files (one consistent view per step)."""
-    saved = [t.dynamic_refresh for t in trials]
-    for t in trials:
-        t.dynamic_refresh = False
-    try:
-        yield
-    finally:
-        for t, value in zip(trials, saved):
-            t.dynamic_refresh = value
 
 
 class Rule(ABC):
