@@ -302,9 +302,10 @@ class TorchAdapter(Adapter):
             # A rule asked to stop: finish the trial, then end the user's loop at this boundary.
             raise hook.stop_training_error()
         if hook.step_active:
-            root = self.names[id(self.modules[0])]
-            for pname, param in self.modules[0].named_parameters():
-                self.save(f"{root}_{pname}", param)
+            for model in self.modules:  # every registered model (a GAN's two), before the update
+                root = self.names[id(model)]
+                for pname, param in model.named_parameters():
+                    self.save(f"{root}_{pname}", param)
 
     def forward_began(self, module: torch.nn.Module, inputs: Any) -> None:
         """The step boundary of a forward of ``module`` that began before it was registered:
