@@ -88,6 +88,20 @@ class Adapter:
         array = self.to_numpy(value)
         return [compute(name, array, abs_) for name, abs_ in items]
 
+    def reduce_on_device(self, value: Any, items: ReductionItems) -> Any:
+        """Start the reductions ``items`` of ``value`` where the value lives and return a handle;
+        :meth:`reductions_to_host` turns a step's handles into results together, so an adapter
+        on an accelerator moves them to the host in one transfer per step instead of one per
+        tensor. Whatever reads ``value`` happens here: the caller may change it afterwards (an
+        optimizer updates weights in place). Default: the results, computed at once.
+        """
+        return self.reduce(value, items)
+
+    def reductions_to_host(self, started: list[Any]) -> list[list[np.ndarray | None]]:
+        """The results of the :meth:`reduce_on_device` handles ``started``, in their order (as
+        :meth:`reduce` returns them)."""
+        return list(started)
+
     def is_member(self, collection: Collection, name: str) -> bool:
         """True if the tensor ``name`` belongs to ``collection`` (default: its names and regexes)."""
         return collection.matches(name)

@@ -59,6 +59,8 @@ class Outputs:
         self._sink_errors: dict[int, int] = {}  # id(sink) -> errors so far (the first is logged)
         #: Names written in the current step (a tensor is written once per step).
         self.written: set[str] = set()
+        #: Reductions started this step (name, items, adapter's handle), written at its end.
+        self._reductions: list[tuple[str, list[tuple[str, bool]], Any]] = []
         self._unsupported: set[str] = set()
         self._collections_written = False
 
@@ -86,6 +88,7 @@ class Outputs:
         """Write the step's scalars and close its files (the collections file after the first)."""
         if not self._clock.started or self.writer is None:
             return
+        self._write_reductions()
         if self.pending_scalars:
             self._open_step()
             for name, value, ts in self.pending_scalars:
@@ -154,11 +157,9 @@ class Outputs:
             array = self._adapter.to_numpy(value)
         if save_shape and array is not None:
             self.writer.add_shape(name, array.shape)
-        if items:
-            results = self._adapter.reduce(array if on_host else value, items)
-            for (red, abs_), result in zip(items, results):
-                if result is not None:
-                    self._write_record(reduction_tensor_name(name, red, abs_), result)
+        if items:  # computed now, copied to the host with the step's others at its end
+            self._reductions.append(
+                (name, items, self._adapter.reduce_on_device(array if on_host else value, items)))
         if save_raw and array is not None and array.size:
             self._write_record(name, array)
             if self.sinks and to_sinks and any(c.name in METRIC_COLLECTIONS for c in colls):
@@ -185,6 +186,17 @@ class Outputs:
         if histo is not None:
             self.tensorboard.add_histogram(mode, step, f"{histo.name}/{clean_tag(name)}", host)
         return array
+
+    def _write_reductions(self) -> None:
+        """Write the step's reductions, their results moved to the host together."""
+        if not self._reductions:
+            return
+        started, self._reductions = self._reductions, []
+        results = self._adapter.reductions_to_host([handle for _, _, handle in started])
+        for (name, items, _), values in zip(started, results):
+            for (red, abs_), result in zip(items, values):
+                if result is not None:
+                    self._write_record(reduction_tensor_name(name, red, abs_), result)
 
     def _write_record(self, name: str, array: np.ndarray, wall_time: float | None = None) -> None:
         assert self.writer is not None

@@ -32,7 +32,7 @@ from mltrace.pytorch.compiled import (
     unwrap,
 )
 from mltrace.pytorch.optim import OptimizerSteps, ScalerWatch
-from mltrace.pytorch.reductions import QUANTILE_LIMIT, torch_reductions
+from mltrace.pytorch.reductions import QUANTILE_LIMIT, DeviceReductions, start_reductions
 from mltrace.pytorch.sharded import ReductionBatch, gather_full, is_sharded
 
 if TYPE_CHECKING:
@@ -84,6 +84,7 @@ class TorchAdapter(Adapter):
         self._handles: list[Any] = []
         self._io_index: dict[str, int] = {}
         self.stepped = False  # True once a step began (a model's callbacks have run)
+        self.host_transfers = 0  # device-to-host copies of reductions (see reductions_to_host)
         # Reductions of sharded tensors (FSDP2), combined across ranks once per step
         self._sharded = ReductionBatch()
         self._sharded_saves: list[tuple[str, tuple[int, ...], ReductionItems]] = []
@@ -124,22 +125,44 @@ class TorchAdapter(Adapter):
 
     def reduce(self, value: Any, items: ReductionItems) -> list[np.ndarray | None]:
         """Reductions on the tensor's device, one device-to-host copy per tensor."""
+        return self.reductions_to_host([self.reduce_on_device(value, items)])[0]
+
+    def reduce_on_device(self, value: Any, items: ReductionItems) -> Any:
+        """Reductions computed on the tensor's device and left there (a DeviceReductions), or
+        the results where they are known or computed on the host: a sharded tensor's combined
+        ones, complex tensors and huge medians (numpy's path)."""
         if isinstance(value, Reduced):
             if list(value.items) != list(items):
                 raise MltraceValueError("reductions asked for differ from those combined across ranks")
             return value.results
-        # Complex tensors and huge medians take numpy's path on the host.
         big_median = any(n == "median" for n, _ in items) and getattr(value, "numel", lambda: 0)() > QUANTILE_LIMIT
         if not isinstance(value, torch.Tensor) or value.is_complex() or big_median:
             return super().reduce(value, items)
         try:
-            return torch_reductions(value, items)
+            return start_reductions(value, items)
         except (RuntimeError, TypeError) as exc:
             if type(value) in (torch.Tensor, torch.nn.Parameter):
                 raise
             raise MltraceTypeError(
                 f"cannot reduce a {type(value).__name__} (a torch.Tensor subclass): {exc}; save a "
                 "plain copy with hook.save_tensor(name, t.as_subclass(torch.Tensor))") from exc
+
+    def reductions_to_host(self, started: list[Any]) -> list[list[np.ndarray | None]]:
+        """The results of a step's reductions: those left on a device are concatenated and
+        copied to the host together, one copy per device (one per step on a one-GPU job)."""
+        pending = [s for s in started if isinstance(s, DeviceReductions)]
+        host: dict[int, np.ndarray] = {}
+        for device in {s.values.device for s in pending}:
+            here = [s for s in pending if s.values.device == device]
+            values = self._to_host(torch.cat([s.values for s in here]))
+            offsets = np.cumsum([0] + [len(s.names) for s in here])
+            host.update({id(s): values[a:b] for s, a, b in zip(here, offsets, offsets[1:])})
+        return [s.results(host[id(s)]) if isinstance(s, DeviceReductions) else s for s in started]
+
+    def _to_host(self, values: torch.Tensor) -> np.ndarray:
+        """Copy reductions to the host (counted in ``host_transfers``)."""
+        self.host_transfers += 1
+        return values.cpu().numpy()
 
     def on_prepare(self) -> None:
         """Turn modules added with Collection.add_module_tensors into regexes of their names."""

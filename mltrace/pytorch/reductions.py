@@ -1,6 +1,13 @@
-"""mltrace.reductions' definitions computed with torch ops on the tensor's own device."""
+"""mltrace.reductions' definitions computed with torch ops on the tensor's own device.
+
+:func:`start_reductions` leaves the results on the device (:class:`DeviceReductions`), so that a
+step's reductions of many tensors can be moved to the host in one copy; :func:`torch_reductions`
+is the same for one tensor, moved at once.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -10,8 +17,31 @@ from mltrace.exceptions import MltraceTypeError, MltraceValueError
 from mltrace.reductions import canonical_name
 
 
+@dataclass(frozen=True)
+class DeviceReductions:
+    """The reductions of one tensor, computed on its device and not yet on the host."""
+
+    names: list[str]  # canonical reduction names, one per item
+    values: torch.Tensor  # float64, one value per item, on the tensor's device
+
+    def results(self, host: np.ndarray) -> list[np.ndarray | None]:
+        """The results as ``torch_reductions`` returns them, from ``values`` copied to the host
+        (counts as int64, the rest float64)."""
+        return [np.asarray(np.int64(h) if n in _COUNTS else h) for n, h in zip(self.names, host)]
+
+
 def torch_reductions(value: torch.Tensor, items: ReductionItems) -> list[np.ndarray | None]:
-    """mltrace.reductions' definitions computed with torch ops on ``value``'s device."""
+    """mltrace.reductions' definitions computed with torch ops on ``value``'s device; one
+    device-to-host copy of the results."""
+    started = start_reductions(value, items)
+    if isinstance(started, list):
+        return started
+    return started.results(started.values.cpu().numpy())
+
+
+def start_reductions(value: torch.Tensor, items: ReductionItems) -> DeviceReductions | list[np.ndarray | None]:
+    """The reductions ``items`` of ``value`` computed on its device (nothing waits for them),
+    or a None per item for an empty tensor (no reduction has a value then)."""
     if value.numel() == 0:
         return [None] * len(items)
     if value.is_quantized:
@@ -24,8 +54,7 @@ def torch_reductions(value: torch.Tensor, items: ReductionItems) -> list[np.ndar
         t = t.float()  # float8 too: torch has few operators for it
     names = [canonical_name(name) for name, _ in items]
     outs = [_torch_reduction(t, name, abs_).double() for name, (_, abs_) in zip(names, items)]
-    host = torch.stack(outs).cpu().numpy()  # one device-to-host copy per tensor
-    return [np.asarray(np.int64(h) if n in _COUNTS else h) for n, h in zip(names, host)]
+    return DeviceReductions(names, torch.stack(outs))
 
 
 #: Above this many elements a median is computed on the host (torch.quantile refuses more).
