@@ -9,6 +9,8 @@ seed 002. mltrace's core never imports this package; names are loaded on first u
     compare.py   compare_runs / `mltrace compare`
     plots.py     plot_distributions, compare_trials, create_interactive_matplotlib_histogram
     summary.py   trial_summary, summary_html (the run's summary artifact)
+    description.py  the training run's Markdown description (trial, steps, rule findings)
+    links.py     links into the MLflow UI's machine-learning view (workflowType, experiment kind)
 """
 
 from __future__ import annotations

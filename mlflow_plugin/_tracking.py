@@ -19,6 +19,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from mlflow_plugin import links
 from mltrace import __version__
 from mltrace.exceptions import MltraceValueError
 from mltrace.format import paths
@@ -133,9 +134,10 @@ def experiment_id_for(
     experiment_id: str | None = None,
     fluent_store: bool = True,
 ) -> str:
-    """The id of experiment ``name`` (created if missing), or ``experiment_id``, or the active
-    experiment (MLFLOW_EXPERIMENT_NAME, and where ``client`` talks to MLflow's current store also
-    mlflow.set_experiment and MLFLOW_EXPERIMENT_ID), else the default one ("0")."""
+    """The id of experiment ``name`` (created if missing, tagged a machine-learning experiment),
+    or ``experiment_id``, or the active experiment (MLFLOW_EXPERIMENT_NAME, and where ``client``
+    talks to MLflow's current store also mlflow.set_experiment and MLFLOW_EXPERIMENT_ID), else
+    the default one ("0")."""
     if experiment_id:
         return str(experiment_id)
     if name:
@@ -143,8 +145,11 @@ def experiment_id_for(
         if found is not None:
             return found.experiment_id
         try:
+            # Tagged as a machine-learning experiment, as MLflow's UI tags one when the user picks
+            # its kind (mlflow_plugin.links says how the UI chooses its view).
             return client.create_experiment(
-                name, artifact_location=_artifact_location(client, name)
+                name, artifact_location=_artifact_location(client, name),
+                tags={links.EXPERIMENT_KIND_TAG: links.MACHINE_LEARNING_KIND},
             )
         except Exception:  # created meanwhile by another process
             found = client.get_experiment_by_name(name)

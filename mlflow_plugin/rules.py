@@ -14,7 +14,14 @@ The rule run:
   tagged with the trial location;
 - has params ``rule`` and the rule's arguments; metric ``condition_met`` (1 or 0) at every
   evaluated step; tags ``mltrace.rule_status``, ``mltrace.first_step``, ``mltrace.message``;
-  the result JSON as artifact ``mltrace/rule_result.json``; status FAILED if the rule errored.
+  the result JSON as artifact ``mltrace/rule_result.json``; status FAILED if the rule errored;
+  its name shows the outcome in the runs table (``VanishingGradient: IssuesFound @210``,
+  ``DeadRelu: NothingChecked``) from the first step where it fires.
+
+The training run's description (``mlflow.note.content``, description.py) is rewritten as each
+rule starts, first fires and ends; once training has ended its ``summary.html`` is written again
+with the findings. ``result.mlflow_url`` is the rule run's page in the UI's machine-learning view
+(links.py) when the tracking URI is a server.
 
 When the condition is met the training run gets the tags ``mltrace.rule.<Rule>.status``
 (``IssuesFound``), ``.first_step``, ``.message``, ``.run_id`` and ``mltrace.issues_found=true``,
@@ -32,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlflow_plugin import _keys, _tracking
+from mlflow_plugin import _keys, _tracking, links
 from mltrace import __version__
 from mltrace.exceptions import MltraceValueError
 from mltrace.rules import results
@@ -129,6 +136,7 @@ class MlflowRuleListener:
         self._runs[result.run_id] = state
         result.mlflow_run_id = state.run_id
         result.mlflow_experiment_id = state.experiment_id
+        result.mlflow_url = links.run_url(uri, state.experiment_id, state.run_id)
         params = {"rule": rule.rule_name, **{str(k): v for k, v in result.parameters.items()}}
         if getattr(rule, "other_trials", None):
             params["other_trials"] = ",".join(t.path for t in rule.other_trials)
@@ -140,6 +148,7 @@ class MlflowRuleListener:
                 _keys.rule_tag(rule.rule_name, "status"): results.IN_PROGRESS,
                 _keys.rule_tag(rule.rule_name, "run_id"): state.run_id,
             })
+            self._describe_parent(rule, state)
 
     @staticmethod
     def _parent_run(client: Any, parent_id: str, uri: str, rule_name: str) -> Any:
@@ -225,6 +234,7 @@ class MlflowRuleListener:
             state.tagged_first = True
             self._flush(state)
             self._tag_findings(rule, result, state, results.ISSUES_FOUND)
+            self._show_status(rule, result, state, results.ISSUES_FOUND)
         elif (len(state.metrics) >= _keys.MAX_METRICS_PER_BATCH
               or time.monotonic() - state.last_flush > _FLUSH_SECONDS):
             self._flush(state)
@@ -245,6 +255,7 @@ class MlflowRuleListener:
         try:
             self._flush(state)
             self._tag_findings(rule, result, state, result.status)
+            self._show_status(rule, result, state, result.status)
             from dataclasses import asdict
 
             state.client.log_dict(state.run_id, asdict(result),
@@ -257,6 +268,37 @@ class MlflowRuleListener:
             state.client.set_terminated(state.run_id, "FAILED" if failed else "FINISHED")
 
     # -- helpers ----------------------------------------------------------------------------
+    def _show_status(self, rule: Any, result: results.RuleResult, state: _RuleRun,
+                     status: str) -> None:
+        """Make the status visible where people look: the rule run's name in the runs table
+        (``VanishingGradient: IssuesFound @210``), and the training run's description (and, once
+        training has ended, its summary.html). A failure here is logged, never the rule's."""
+        try:
+            state.client.update_run(state.run_id, name=run_name(rule.rule_name, status,
+                                                                result.first_step))
+        except Exception as exc:
+            logger.warning("could not rename MLflow rule run %s: %s", state.run_id, exc)
+        self._describe_parent(rule, state)
+
+    @staticmethod
+    def _describe_parent(rule: Any, state: _RuleRun) -> None:
+        """Rewrite the training run's description from its rule tags; once the training run
+        has ended (its sink wrote summary.html), write its summary again with these findings."""
+        if not state.parent_run_id:
+            return
+        from mlflow_plugin import description
+
+        try:
+            description.update_training_description(state.client, state.parent_run_id,
+                                                     rule.base_trial)
+            if state.client.get_run(state.parent_run_id).info.status != "RUNNING":
+                from mlflow_plugin import summary
+
+                summary.log_summary(state.client, state.parent_run_id, rule.base_trial)
+        except Exception as exc:
+            logger.warning("could not update the description of MLflow run %s: %s",
+                           state.parent_run_id, exc)
+
     def _tag_findings(self, rule: Any, result: results.RuleResult, state: _RuleRun,
                       status: str) -> None:
         own = {_keys.TAG_RULE_STATUS: status}
@@ -304,6 +346,13 @@ class MlflowRuleListener:
         state.last_flush = time.monotonic()
         for chunk in _keys.chunks(metrics, _keys.MAX_METRICS_PER_BATCH):
             state.client.log_batch(state.run_id, metrics=chunk, synchronous=True)
+
+
+def run_name(rule_name: str, status: str, first_step: int | None = None) -> str:
+    """A rule run's name in MLflow's runs table: the rule and its status, with the global step
+    where it first fired (``VanishingGradient: IssuesFound @210``)."""
+    at = f" @{first_step}" if status == results.ISSUES_FOUND and first_step is not None else ""
+    return f"{rule_name}: {status}{at}"
 
 
 def _quote(value: str | None) -> str:

@@ -22,7 +22,10 @@ their parent there).
 
 Metric names: the tensor name (``CrossEntropyLoss_output_0``) or the save_scalar name, cleaned
 to MLflow's character set; in EVAL and PREDICT modes prefixed ``eval/`` and ``predict/``; step =
-the step of the mode. Params: the hook's configuration as ``mltrace.*``. Tags: ``mltrace.trial``,
+the global step (the x axis of the TensorBoard tab and of rule findings: every step of every
+mode counts), and the mode's own step at each global step is the metric ``train/mode_step``,
+``eval/mode_step`` or ``predict/mode_step`` (a chart's x axis in MLflow's UI). At close the run
+gets a description (``mlflow.note.content``, see description.py). Params: the hook's configuration as ``mltrace.*``. Tags: ``mltrace.trial``,
 ``mltrace.framework``, ``mltrace.version``, ``mltrace.run_type``.
 
 System metrics: ``system_metrics=True`` has MLflow sample CPU, memory, disk, network (and GPU)
@@ -77,6 +80,8 @@ _MAX_PENDING = 1_000_000
 #: Points waiting that wake the background thread before flush_interval is up. Large batches
 #: matter: MLflow's SQL store spends ~8 ms per log_batch call besides ~0.07 ms per metric.
 _WAKE_AT = 10_000
+#: The metric holding a mode's own step at each global step (see _flush).
+MODE_STEP_METRIC = "mode_step"
 #: With autologging on, seconds a new metric name waits before mltrace claims it (see _claim_keys).
 CLAIM_DELAY = 10.0
 
@@ -165,6 +170,8 @@ class MlflowSink:
         self._foreign_keys: set[str] = set()
         self._first_seen: dict[str, float] = {}
         self._held: list[tuple] = []
+        #: the last global step whose mode step was logged, per mode
+        self._mode_step_logged: dict[ModeKeys, int] = {}
         self._params: dict[str, str] | None = None
         self._params_logged = False
         self._dropped = 0
@@ -286,7 +293,9 @@ class MlflowSink:
         pending = self._pending
         if len(pending) == _MAX_PENDING:
             self._dropped += 1  # MLflow is far behind: the oldest point falls out of the deque
-        pending.append((name, mode, value, time.time(), mode_step))
+        step = getattr(self.hook, "step", mode_step)  # the global step (the TensorBoard tab's)
+        pending.append((name, mode, value, time.time(), step if step >= 0 else mode_step,
+                        mode_step))
         if self._params is None and self.hook.prepared:
             self._params = self._safe_hook_params()
         if len(pending) >= _WAKE_AT:
@@ -349,12 +358,18 @@ class MlflowSink:
         if self._autologging():
             items = self._claim_keys(items)
         batch = []
-        for name, mode, value, ts, step in items:
+        for name, mode, value, ts, step, mode_step in items:
             key = self._key(name, mode)
             if key in self._foreign_keys:
                 continue
             self._own_keys.add(key)
             batch.append((key, float(value), int(ts * 1000), int(step)))
+            if mode is not ModeKeys.GLOBAL and self._mode_step_logged.get(mode) != step:
+                # The mode's own step at this global step: a metric the MLflow UI can use as a
+                # chart's x axis (eval/loss over eval/mode_step).
+                self._mode_step_logged[mode] = step
+                batch.append((self._mode_step_key(mode), float(mode_step), int(ts * 1000),
+                              int(step)))
         if batch:
             self._send(batch)
 
@@ -411,6 +426,10 @@ class MlflowSink:
                             name, key)
             self._keys[(name, mode)] = key
         return key
+
+    def _mode_step_key(self, mode: ModeKeys) -> str:
+        """``train/mode_step``, ``eval/mode_step``, ``predict/mode_step`` (with metric_prefix)."""
+        return _keys.clean_key(f"{mode.name.lower()}/{MODE_STEP_METRIC}", self.prefix)
 
     def _autologging(self) -> bool:
         if self._autolog_run:
@@ -501,7 +520,7 @@ class MlflowSink:
             logger.error("%d metric batches could not be logged to MLflow run %s; first error: %s",
                          self._failed_batches, self.run_id, self._first_error)
         if self.options.get("artifacts", True):
-            for step in (self._log_trial_files, self._log_summary):
+            for step in (self._log_trial_files, self._log_summary, self._describe):
                 try:
                     step()
                 except Exception as exc:
@@ -553,10 +572,13 @@ class MlflowSink:
             return
         from mlflow_plugin import summary
 
-        info = summary.trial_summary(self.trial)
-        self.client.log_text(self.run_id, summary.summary_html(info),
-                             f"{_keys.ARTIFACT_DIR}/summary.html")
-        self.client.log_dict(self.run_id, info, f"{_keys.ARTIFACT_DIR}/summary.json")
+        summary.log_summary(self.client, self.run_id, self.trial)
+
+    def _describe(self) -> None:
+        """The run's description: trial, steps, collections, rule findings (Markdown)."""
+        from mlflow_plugin import description
+
+        description.update_training_description(self.client, self.run_id)
 
     def _end_run(self, status: str = "FINISHED") -> None:
         if self._owned is None:

@@ -14,6 +14,7 @@ import logging
 import math
 from typing import Any
 
+from mlflow_plugin.description import step_text
 from mltrace import analysis
 from mltrace.exceptions import MltraceError
 from mltrace.trials import Trial, create_trial
@@ -65,6 +66,7 @@ def _rule_results(trial: Trial) -> list[dict[str, Any]]:
                 "rule": r.rule,
                 "status": r.status,
                 "first_step": r.first_step,
+                "first_step_text": None if r.first_step is None else step_text(trial, r.first_step),
                 "message": r.message,
                 "evaluated_steps": r.evaluated_steps,
                 "mlflow_run_id": r.mlflow_run_id,
@@ -115,10 +117,26 @@ def trial_summary(
 
 
 # -- HTML ----------------------------------------------------------------------------------------
+def _tick(v: float) -> str:
+    """An axis label: 3 significant digits, exponent form for small and large magnitudes."""
+    return f"{v:.3g}"
+
+
+def _y_transform(values: list[float]) -> tuple[str, Any]:
+    """("log", log10) when the values are positive and span two decades or more (1e-10 and 1e-2
+    then stay apart), else ("linear", identity)."""
+    if values and min(values) > 0 and max(values) / min(values) >= 100:
+        return "log", math.log10
+    return "linear", float
+
+
 def _sparkline(
-    steps: list[int], stats: dict[str, list[float | None]], width: int = 260, height: int = 56
+    steps: list[int], stats: dict[str, list[float | None]], width: int = 330, height: int = 96
 ) -> str:
-    """Inline SVG: mean over steps as a line, min..max as a band (or the first stat stored)."""
+    """Inline SVG of a statistic over global steps: the mean as a line, min..max as a band (or
+    the first statistic stored), with its scale: the y axis labelled with its lowest and highest
+    value (log scale when they span two decades: the labels then read 1e-10 where gradients
+    vanish, which a bare line never tells) and the x axis with the first and last step."""
     line_stat = "mean" if "mean" in stats else next(iter(stats), None)
     if line_stat is None or not steps:
         return ""
@@ -126,17 +144,33 @@ def _sparkline(
     vals = [v for k in keys for v in stats[k] if v is not None]
     if not vals:
         return ""
+    scale, f = _y_transform(vals)
     lo, hi = min(vals), max(vals)
-    span = (hi - lo) or 1.0
+    flo, fhi = f(lo), f(hi)
+    span = (fhi - flo) or 1.0
+    left, right, top, bottom = 64, 6, 6, 30
+    plot_w, plot_h = width - left - right, height - top - bottom
     x0, x1 = steps[0], steps[-1]
-    xs = [(s - x0) / ((x1 - x0) or 1) * (width - 4) + 2 for s in steps]
+    xs = [left + (s - x0) / ((x1 - x0) or 1) * plot_w for s in steps]
 
     def y(v: float) -> float:
-        return height - 2 - (v - lo) / span * (height - 4)
+        return top + plot_h - (f(v) - flo) / span * plot_h
 
+    axis = "#888"
     parts = [
         f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
-        'xmlns="http://www.w3.org/2000/svg" role="img">'
+        'xmlns="http://www.w3.org/2000/svg" role="img" font-family="sans-serif" font-size="10">',
+        f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" stroke="{axis}"/>',
+        f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" '
+        f'stroke="{axis}"/>',
+        f'<text x="{left - 4}" y="{top + 8}" text-anchor="end">{html.escape(_tick(hi))}</text>',
+        f'<text x="{left - 4}" y="{top + plot_h}" text-anchor="end">{html.escape(_tick(lo))}'
+        "</text>",
+        f'<text x="{left}" y="{top + plot_h + 12}" text-anchor="start">{x0}</text>',
+        f'<text x="{left + plot_w}" y="{top + plot_h + 12}" text-anchor="end">{x1}</text>',
+        f'<text x="{left + plot_w / 2}" y="{height - 3}" text-anchor="middle" fill="#555">'
+        f"global step; y: {html.escape(line_stat)}{' (log scale)' if scale == 'log' else ''}"
+        "</text>",
     ]
     if "min" in stats and "max" in stats:
         pts = [(x, v) for x, v in zip(xs, stats["max"]) if v is not None]
@@ -148,6 +182,48 @@ def _sparkline(
     parts.append(f'<polyline points="{line}" fill="none" stroke="#1f77b4" stroke-width="1.5"/>')
     parts.append("</svg>")
     return "".join(parts)
+
+
+_ORDER = {"IssuesFound": 0, "Error": 1, "InProgress": 2, "NothingChecked": 3, "NoIssuesFound": 4}
+
+
+def _findings_html(rules: list[dict[str, Any]]) -> list[str]:
+    """The rule findings section: the latest execution of each rule, issues first, messages in
+    full."""
+    e = html.escape
+    if not rules:
+        return ["<h3>Rule findings</h3><p>No rule had run on this trial when this page was "
+                "written (rules that run later update it, and the run's description).</p>"]
+    latest: dict[str, dict[str, Any]] = {}
+    for r in rules:  # oldest first: the last one of each rule wins
+        latest[r["rule"]] = r
+    rows = sorted(latest.values(), key=lambda r: (_ORDER.get(str(r["status"]), 9), r["rule"]))
+    fired = sum(r["status"] == "IssuesFound" for r in rows)
+    out = [f"<h3>Rule findings</h3><p>{fired} of {len(rows)} rules found issues.</p>",
+           "<table><tr><th>rule</th><th>status</th><th>first found at</th><th>message</th>"
+           "<th>steps checked</th></tr>"]
+    for r in rows:
+        colour = "#b00020" if r["status"] == "IssuesFound" else "#333"
+        out.append(
+            f"<tr><td>{e(r['rule'])}</td><td style='color:{colour};font-weight:bold'>"
+            f"{e(str(r['status']))}</td><td>{e(r.get('first_step_text') or '-')}</td>"
+            f"<td>{e(str(r.get('message') or '-'))}</td><td>{_fmt(r.get('evaluated_steps'))}</td>"
+            "</tr>")
+    out.append("</table>")
+    return out
+
+
+def log_summary(client: Any, run_id: str, trial: Trial | str) -> dict[str, Any]:
+    """Write the summary of ``trial`` into run ``run_id`` as ``mltrace/summary.html`` and
+    ``mltrace/summary.json`` (again: a later call replaces them).
+
+    Returns:
+        the summary dict.
+    """
+    info = trial_summary(trial)
+    client.log_text(run_id, summary_html(info), "mltrace/summary.html")
+    client.log_dict(run_id, info, "mltrace/summary.json")
+    return info
 
 
 def _fmt(v: Any) -> str:
@@ -166,6 +242,10 @@ def summary_html(info: dict[str, Any]) -> str:
         f"<p>workers: {e(', '.join(info['workers']))}; training ended: {info['training_ended']}; "
         f"{info['tensor_count']} tensors</p>",
     ]
+    out += _findings_html(info.get("rules") or [])
+    out.append("<h3>Steps</h3><p>Steps are global steps: every step the hook saw, in every mode "
+               "(the x axis of the charts below, of mltrace's MLflow metrics and of its "
+               "TensorBoard tab); a mode's own step counts that mode's steps only.</p>")
     out.append("<table><tr><th>mode</th><th>steps</th><th>first</th><th>last</th></tr>")
     for mode, m in info["modes"].items():
         out.append(
@@ -182,21 +262,10 @@ def summary_html(info: dict[str, Any]) -> str:
             f"<td>{c['tensors']}</td></tr>"
         )
     out.append("</table>")
-    if info.get("rules"):
-        out.append(
-            "<h3>Rules</h3><table><tr><th>rule</th><th>status</th><th>first step</th>"
-            "<th>message</th></tr>"
-        )
-        for r in info["rules"]:
-            out.append(
-                f"<tr><td>{e(r['rule'])}</td><td>{e(str(r['status']))}</td>"
-                f"<td>{_fmt(r['first_step'])}</td><td>{_fmt(r['message'])}</td></tr>"
-            )
-        out.append("</table>")
     out.append(
         "<h3>Tensors</h3><table><tr><th>tensor</th><th>collections</th><th>steps</th>"
         "<th>shape</th><th>last mean</th><th>last min</th><th>last max</th>"
-        "<th>over steps (mean; min..max)</th></tr>"
+        "<th>over global steps (mean; band: min..max)</th></tr>"
     )
     for t in info["tensors"]:
         stats = t["stats"]

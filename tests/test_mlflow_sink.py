@@ -47,14 +47,18 @@ def test_hook_logs_scalars_params_tags_and_artifacts(tracking, tmp_path):
     assert client.get_experiment(run.info.experiment_id).name == "sink"
     assert run.info.artifact_uri.startswith(str(tmp_path / "mlruns" / "sink"))  # beside mlflow.db
 
-    # Losses (the losses collection) and save_scalar values, with the step of their mode.
+    # Losses (the losses collection) and save_scalar values at their global step (the TensorBoard
+    # tab's and the rules' step), each mode's own step beside it as <mode>/mode_step.
     trial = create_trial(str(tmp_path / "trial"))
     logged = _history(client, run_id, LOSS)
     assert [s for s, _ in logged] == list(range(6))
     np.testing.assert_allclose([v for _, v in logged], losses["TRAIN"], rtol=1e-6)
     for step, value in logged:
         assert value == pytest.approx(float(trial.tensor(LOSS).value(step, mode=smd.modes.TRAIN)), rel=1e-6)
-    assert [s for s, _ in _history(client, run_id, f"eval/{LOSS}")] == [0, 1]
+    assert [s for s, _ in _history(client, run_id, f"eval/{LOSS}")] == [6, 7]  # after 6 TRAIN steps
+    assert _history(client, run_id, "eval/mode_step") == [(6, 0.0), (7, 1.0)]
+    assert _history(client, run_id, "train/mode_step") == [(s, float(s)) for s in range(6)]
+    assert trial.mode_modestep(6) == (smd.modes.EVAL, 0)  # the same pairing the trial records
     np.testing.assert_allclose([v for _, v in _history(client, run_id, f"eval/{LOSS}")], losses["EVAL"], rtol=1e-6)
     assert _history(client, run_id, "accuracy") == [(i, pytest.approx(i / 10)) for i in range(6)]
 
