@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import numpy as np
 from torch import nn
@@ -77,5 +78,41 @@ def make_plain_tensorboard_run(folder) -> str:
     return str(folder)
 
 
+_LIVE: dict[str, tuple[Any, str]] = {}
+
+
+def start_live(key, path) -> str:
+    """A trial still being written (no end marker): its collections now, steps with
+    write_live_steps, the end with end_live; ``key`` names it between the calls."""
+    from mltrace.collections import Collection, CollectionManager
+    from mltrace.writer import TrialWriter
+
+    writer = TrialWriter(open_storage(str(path)), "worker_0")
+    manager = CollectionManager()
+    manager.add(Collection("gradients", include_regex=["^gradient/"]))
+    writer.write_collections(manager.to_json())
+    _LIVE[str(key)] = (writer, str(path))
+    return str(path)
+
+
+def write_live_steps(key, steps, names: list[str]) -> None:
+    """TRAIN steps of the live trial ``key``: the l2 of each tensor of ``names`` (step + 1)."""
+    from mltrace.modes import ModeKeys
+
+    writer, _ = _LIVE[str(key)]
+    for s in steps:
+        writer.open_step(s, ModeKeys.TRAIN, s)
+        for n in names:
+            writer.add_tensor(red(n, "l2"), np.float64(s + 1), ModeKeys.TRAIN, s, wall_time=1.0)
+        writer.close_step()
+
+
+def end_live(key) -> None:
+    """Training of the live trial ``key`` ends (its end marker)."""
+    writer, _ = _LIVE.pop(str(key))
+    writer.write_end_marker()
+    writer.close()
+
+
 __all__ = ["make_torch_trial", "make_worker_trial", "make_plain_tensorboard_run", "LOSS", "WEIGHT", "GRAD",
-           "MLFLOW_URL"]
+           "MLFLOW_URL", "start_live", "write_live_steps", "end_live"]

@@ -31,6 +31,19 @@ export function decadeLabel(v) {
   return `1e${e}`;
 }
 
+/** A y-axis tick label. On a log axis (floor given): "≤0" on the floor that holds zeros, whole
+ * decades, 2x and 5x a decade, nothing between; on a linear one every tick. uPlot passes null for
+ * ticks it hides. */
+export function axisTick(v, floor) {
+  if (v === null || v === undefined) return "";
+  if (floor === null || floor === undefined) return fmt(v);
+  if (v <= floor * 1.0001) return "≤0";
+  const lead = v / 10 ** Math.floor(Math.log10(v) + 1e-9);
+  if (Math.abs(lead - 1) < 1e-6) return decadeLabel(v);
+  if (Math.abs(lead - 2) < 1e-6 || Math.abs(lead - 5) < 1e-6) return fmt(v);
+  return "";
+}
+
 // -- names --------------------------------------------------------------------------------------
 /** The tab's filter over tensor names: a regular expression (case-insensitive, anywhere in the
  * name), or the text itself when it is not a valid one (as tb_plugin/overview.py name_filter). */
@@ -205,13 +218,15 @@ function minPositive(lines) {
 /** The lines aligned on one x axis (the union of their global steps), as uPlot wants them.
  * On a log axis zero and negative values are drawn on a floor a decade below the lowest positive
  * value (labelled "≤0"), never dropped; non-finite values are gaps, counted per line.
- * Returns {x, ys, raw, floor, nonfinite}: ys what is drawn, raw what hovering shows. */
+ * Returns {x, ys, raw, floor, nonfinite, onFloor}: ys what is drawn, raw what hovering shows,
+ * onFloor how many values sit on the floor. */
 export function alignLines(lines, logY) {
   const xs = [...new Set(lines.flatMap((l) => l.x))].sort((a, b) => a - b);
   const pos = new Map(xs.map((x, i) => [x, i]));
   const lo = logY ? minPositive(lines) : null;
   const floor = logY ? 10 ** (Math.floor(Math.log10(lo === null ? 1 : lo)) - 1) : null;
   const ys = [], raw = [], nonfinite = [];
+  let onFloor = 0;
   for (const l of lines) {
     const y = new Array(xs.length).fill(null), r = new Array(xs.length).fill(null);
     let bad = 0;
@@ -221,13 +236,14 @@ export function alignLines(lines, logY) {
       r[k] = v;
       if (v === null) return;
       if (!Number.isFinite(v)) { bad++; return; }
+      if (logY && v <= 0) onFloor++;
       y[k] = logY && v <= 0 ? floor : v;
     });
     ys.push(y);
     raw.push(r);
     nonfinite.push(bad);
   }
-  return {x: xs, ys, raw, floor, nonfinite};
+  return {x: xs, ys, raw, floor, nonfinite, onFloor};
 }
 
 // -- histograms ---------------------------------------------------------------------------------

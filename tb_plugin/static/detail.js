@@ -6,13 +6,16 @@
 import uPlot from "./uPlot.esm.js";
 import {clear, el, getJSON, note, svgEl} from "./dom.js";
 import {
-  alignLines, decadeLabel, defaultStatistics, filterNames, fmt, histogramNote, histogramRange, isScalar,
+  alignLines, axisTick, defaultStatistics, filterNames, fmt, histogramNote, histogramRange, isScalar,
   num, seriesLines, seriesStatistics, stepLabel,
 } from "./data.js";
 
 const PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f"];
 const DASHES = [[], [6, 3], [2, 3], [10, 3, 2, 3]];
 const HISTOGRAM_STEPS = 60;
+// whole steps only on the step axis
+const STEP_INCRS = [1, 2, 5].flatMap((m) => [1, 10, 100, 1e3, 1e4, 1e5, 1e6, 1e7].map((d) => m * d)).sort((a, b) => a - b);
+const logTick = axisTick;
 
 /** Every tensor name of the selected runs, and the collections they are in. */
 function tensorNames(ctx) {
@@ -103,15 +106,19 @@ function drawChart(ctx, answer, stats, box) {
     points: {show: l.x.length <= 60},
     value: (u, v, si, idx) => (idx === null || idx === undefined ? "—" : fmt(al.raw[si - 1][idx])),
   }));
-  const yValues = (u, splits) => splits.map((v) => (s.logY ? (al.floor !== null && v <= al.floor * 1.0001 ? "≤0" : decadeLabel(v)) : fmt(v)));
+  const yValues = (u, splits) => splits.map((v) => logTick(v, s.logY ? al.floor : null));
   const opts = {
     width, height: 340, series,
     scales: {x: {time: false}, y: s.logY ? {distr: 3, log: 10} : {}},
-    axes: [{label: "global step", values: (u, splits) => splits.map((v) => String(Math.round(v)))},
+    axes: [{label: "global step", incrs: STEP_INCRS, values: (u, splits) => splits.map((v) => (v === null ? "" : String(v)))},
       {label: s.statistics.join(", "), values: yValues, size: 70}],
     cursor: {drag: {x: true, y: false}},
     legend: {live: true},
+    hooks: {setScale: [(u, key) => {
+      if (key === "x") plot.dataset.xrange = JSON.stringify([u.scales.x.min, u.scales.x.max]);
+    }]},
   };
+  plot.dataset.log = s.logY ? "1" : "0";
   const chart = new uPlot(opts, [al.x, ...al.ys], plot);
   plot.dataset.points = String(al.ys.reduce((n, y) => n + y.filter((v) => v !== null).length, 0));
   plot.dataset.lines = String(lines.length);
@@ -124,7 +131,7 @@ function drawChart(ctx, answer, stats, box) {
   });
   box.append(el("div", {class: "mt-legend", id: "mt-lines"}, notes));
   box.append(el("div", {class: "mt-note"}, "Drag across the chart to zoom, double-click to zoom out." +
-    (s.logY && al.floor !== null ? ` Log scale: zero and negative values sit on the line marked ≤0 (${fmt(al.floor)}).` : "")));
+    (s.logY && al.onFloor ? ` Log scale: ${al.onFloor} values (zero or negative) sit on the line marked ≤0 (${fmt(al.floor)}).` : "")));
   return chart;
 }
 

@@ -17,6 +17,13 @@ test("numbers from the backend and their labels", () => {
   assert.equal(d.decadeLabel(0.01), "0.01");
   assert.equal(d.decadeLabel(100), "100");
   assert.equal(d.decadeLabel(1e6), "1e6");
+  assert.equal(d.axisTick(null, 0.01), "");
+  assert.equal(d.axisTick(0.01, 0.01), "≤0");
+  assert.equal(d.axisTick(0.1, 0.01), "0.1");
+  assert.equal(d.axisTick(0.2, 0.01), "0.2");
+  assert.equal(d.axisTick(0.7, 0.01), "");
+  assert.equal(d.axisTick(1e-7, 1e-9), "1e-7");
+  assert.equal(d.axisTick(0.7, null), "0.7");
 });
 
 test("the name filter takes a regex, or text when it is no valid regex", () => {
@@ -99,6 +106,8 @@ test("aligned lines: a log axis keeps zeros on a floor, NaN is a gap that is cou
   assert.deepEqual(lin.nonfinite, [1, 0, 0]);
   const log = d.alignLines(lines, true);
   assert.equal(log.floor, 1e-8);
+  assert.equal(log.onFloor, 1);
+  assert.equal(lin.onFloor, 0);
   assert.deepEqual(log.ys[0], [1, 1e-8, null, null]);
   assert.equal(log.raw[0][1], 0);
   assert.ok(Number.isNaN(log.raw[0][2]));
