@@ -98,17 +98,18 @@ class MltraceCallback(pl.Callback):
 
         def log(name: str, value: Any, *args: Any, **kwargs: Any) -> None:
             original(name, value, *args, **kwargs)
-            self._logged(name, value, mlflow_logger=bool(kwargs.get("logger", True)))
+            # logger=None (Lightning's default) and True both send the value to the loggers
+            self._logged(name, value, to_loggers=kwargs.get("logger") is not False)
 
         pl_module.log = log  # type: ignore[method-assign]
         self._module = pl_module
 
     @guarded()
-    def _logged(self, name: str, value: Any, mlflow_logger: bool) -> None:
+    def _logged(self, name: str, value: Any, to_loggers: bool) -> None:
         trainer = self._module.trainer if self._module is not None else None
         if trainer is None or trainer.sanity_checking:
             return
-        to_sinks = not (mlflow_logger and self._has_mlflow_logger(trainer))
+        to_sinks = not (to_loggers and self._has_mlflow_logger(trainer))
         self.capture.save_logged({name: value}, always=False, to_sinks=to_sinks)
 
     @staticmethod
