@@ -57,6 +57,26 @@ def step_text(trial: Trial | None, step: Any) -> str:
     return f"global step {number} ({mode.name} step {mode_step})"
 
 
+def _steps_text(trial: Trial, info: analysis.TrialOverview) -> str:
+    """``TRAIN 6 (global 0..5), EVAL 3 (global 6..8 = EVAL 0..2)``: each mode's count of saved
+    steps, as global steps and, where they differ, as the mode's own steps."""
+    parts = []
+    for mode, span in info.modes.items():
+        if not span.count or span.first is None or span.last is None:
+            continue
+        try:
+            first = trial.global_step(mode, span.first)
+            last = trial.global_step(mode, span.last)
+        except Exception:  # a mode name the trial does not take back: its own steps only
+            first = last = None
+        if first is None or last is None or (first, last) == (span.first, span.last):
+            parts.append(f"{mode} {span.count} (global {span.first}..{span.last})")
+        else:
+            parts.append(f"{mode} {span.count} (global {first}..{last} = {mode} "
+                         f"{span.first}..{span.last})")
+    return ", ".join(parts) or "none yet"
+
+
 def _cell(text: Any) -> str:
     """Text for a Markdown table cell: one line, pipes escaped, nothing cut."""
     return " ".join(str(text).split()).replace("|", "\\|") or " "
@@ -69,12 +89,12 @@ def training_description(trial: Trial | None, location: str,
     out = [START, "#### mltrace", f"Trial: `{location}`"]
     if trial is not None:
         info = analysis.trial_overview(trial)
-        modes = ", ".join(f"{mode} {span.count} ({span.first}..{span.last})"
-                          for mode, span in info.modes.items() if span.count) or "none yet"
         state = "training ended" if info.ended else "training in progress"
-        out.append(f"Steps saved per mode: {modes}; {len(info.workers)} worker(s); {state}.")
-        colls = ", ".join(f"{name} ({len(info.members[name])})" for name in info.collections)
-        out.append(f"Collections (tensors): {colls or 'none'}.")
+        out.append(f"Steps saved: {_steps_text(trial, info)}; {len(info.workers)} worker(s); "
+                   f"{state}.")
+        colls = ", ".join(f"{name} ({len(info.members[name])})" for name in info.collections
+                          if info.members[name])
+        out.append(f"Collections (tensors): {colls or 'none yet'}.")
     out.append("Steps are global steps (every step of every mode, the x axis of mltrace's "
                "metrics and TensorBoard tab); the mode's own step is in brackets.")
     out.append("")

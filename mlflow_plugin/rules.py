@@ -278,10 +278,11 @@ class MlflowRuleListener:
                                                                 result.first_step))
         except Exception as exc:
             logger.warning("could not rename MLflow rule run %s: %s", state.run_id, exc)
-        self._describe_parent(rule, state)
+        self._describe_parent(rule, state, result)
 
     @staticmethod
-    def _describe_parent(rule: Any, state: _RuleRun) -> None:
+    def _describe_parent(rule: Any, state: _RuleRun,
+                         result: results.RuleResult | None = None) -> None:
         """Rewrite the training run's description from its rule tags; once the training run
         has ended (its sink wrote summary.html), write its summary again with these findings."""
         if not state.parent_run_id:
@@ -294,7 +295,7 @@ class MlflowRuleListener:
             if state.client.get_run(state.parent_run_id).info.status != "RUNNING":
                 from mlflow_plugin import summary
 
-                summary.log_summary(state.client, state.parent_run_id, rule.base_trial)
+                summary.log_summary(state.client, state.parent_run_id, rule.base_trial, result)
         except Exception as exc:
             logger.warning("could not update the description of MLflow run %s: %s",
                            state.parent_run_id, exc)

@@ -57,10 +57,15 @@ def _tensor_entry(
     }
 
 
-def _rule_results(trial: Trial) -> list[dict[str, Any]]:
+def _rule_results(trial: Trial, latest: Any = None) -> list[dict[str, Any]]:
+    """The rule results stored in the trial, oldest first, and ``latest`` (a RuleResult not
+    stored yet: the execution that is ending) last."""
     try:
         from mltrace.rules.results import read_results
 
+        stored = read_results(trial.storage)
+        if latest is not None:
+            stored = [r for r in stored if r.run_id != latest.run_id] + [latest]
         return [
             {
                 "rule": r.rule,
@@ -71,7 +76,7 @@ def _rule_results(trial: Trial) -> list[dict[str, Any]]:
                 "evaluated_steps": r.evaluated_steps,
                 "mlflow_run_id": r.mlflow_run_id,
             }
-            for r in read_results(trial.storage)
+            for r in stored
         ]
     except Exception as exc:  # the summary never fails for want of rule results
         logger.debug("no rule results in the summary: %s", exc)
@@ -79,7 +84,7 @@ def _rule_results(trial: Trial) -> list[dict[str, Any]]:
 
 
 def trial_summary(
-    trial: Trial | str, max_tensors: int = 200, max_steps: int = 100
+    trial: Trial | str, max_tensors: int = 200, max_steps: int = 100, latest_rule: Any = None
 ) -> dict[str, Any]:
     """Describe a trial: modes and steps, collections, and for each tensor (at most
     ``max_tensors``) its steps, last shape and statistics over at most ``max_steps`` steps.
@@ -88,6 +93,8 @@ def trial_summary(
         trial: a Trial or a trial path.
         max_tensors: tensors described (the first ones by name); the count of all is reported.
         max_steps: steps sampled per tensor for the statistics.
+        latest_rule: a RuleResult not yet stored in the trial (a rule execution that is ending),
+            shown with the stored ones.
 
     Returns:
         a JSON-ready dict.
@@ -112,7 +119,7 @@ def trial_summary(
         "collections": collections,
         "tensor_count": len(info.tensors),
         "tensors": [_tensor_entry(trial, n, info, max_steps) for n in info.tensors[:max_tensors]],
-        "rules": _rule_results(trial),
+        "rules": _rule_results(trial, latest_rule),
     }
 
 
@@ -213,14 +220,15 @@ def _findings_html(rules: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def log_summary(client: Any, run_id: str, trial: Trial | str) -> dict[str, Any]:
+def log_summary(client: Any, run_id: str, trial: Trial | str,
+                latest_rule: Any = None) -> dict[str, Any]:
     """Write the summary of ``trial`` into run ``run_id`` as ``mltrace/summary.html`` and
     ``mltrace/summary.json`` (again: a later call replaces them).
 
     Returns:
         the summary dict.
     """
-    info = trial_summary(trial)
+    info = trial_summary(trial, latest_rule=latest_rule)
     client.log_text(run_id, summary_html(info), "mltrace/summary.html")
     client.log_dict(run_id, info, "mltrace/summary.json")
     return info
