@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from concurrent.futures import Future
 from typing import Any
 
@@ -57,6 +58,7 @@ class RayExecutor:
         ray = _import_ray()
         self.address = address
         self.num_cpus = num_cpus
+        _check_reachable(address)
         try:
             ray.init(address=address, runtime_env={"env_vars": forwarded_env()},
                      logging_level=logging.WARNING, log_to_driver=True,
@@ -99,6 +101,30 @@ class RayExecutor:
                 logger.debug("could not kill actor: %s", exc)
         self._actors.clear()
         self._ray.shutdown()
+
+
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Fail fast when nothing listens at ``address`` (``ray.init`` would retry for minutes).
+
+    Raises:
+        MltraceRuntimeError: the host does not answer on that port, naming the address.
+    """
+    if address == "auto":
+        return  # Ray reads the local cluster's address file and says when there is none
+    hostport = address.split("://", 1)[1] if "://" in address else address
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit():
+        raise MltraceValueError(
+            f"--ray-address {address!r}: expected auto, HOST:PORT or ray://HOST:PORT")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise MltraceRuntimeError(
+            f"cannot connect to the Ray cluster at --ray-address {address!r}: nothing answers "
+            f"on {host}:{port} ({exc}); start one with 'ray start --head' and pass its address "
+            "(HOST:6379, or ray://HOST:10001 for Ray Client), or leave --ray-address out to use "
+            "a local process pool") from None
 
 
 class _RuleActor:
