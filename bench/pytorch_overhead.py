@@ -1,6 +1,8 @@
-"""Time per training step of a small PyTorch MLP with no hook, with mltrace, or with real smdebug.
+"""Time per training step of a small PyTorch MLP with no hook, with mltrace, with real smdebug,
+or with W&B's ``watch``.
 
-Runs in either venv (.venv: none, mltrace; .venv-legacy: none, mltrace, smdebug). Model: MLP
+Runs in either venv (.venv: none, mltrace; .venv-legacy: none, mltrace, smdebug), or in the
+bench-only .venv-bench-wandb that bench/setup_wandb_env.sh builds (none, mltrace, wandb). Model: MLP
 32-64-1 (Linear, ReLU, Linear), MSE loss, SGD, batch 64, ``--steps`` steps on CPU with
 ``torch.set_num_threads(1)``. The hook saves the collections weights, biases, gradients and losses
 every ``--interval`` steps (smdebug's SaveConfig(save_interval=N)).
@@ -20,6 +22,7 @@ Examples:
     .venv/bin/python bench/pytorch_overhead.py --lib none,mltrace --interval 1
     .venv-legacy/bin/python bench/pytorch_overhead.py --lib none,mltrace,smdebug --json
     .venv/bin/python bench/pytorch_overhead.py --lib mltrace --write-trial /tmp/t_mltrace
+    .venv-bench-wandb/bin/python bench/pytorch_overhead.py --lib none,mltrace,wandb
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ os.environ.setdefault("MLTRACE_LOG_LEVEL", "error")
 import torch
 from torch import nn
 
-LIBS = ("none", "mltrace", "smdebug")
+LIBS = ("none", "mltrace", "smdebug", "wandb")
 COLLECTIONS = ["weights", "biases", "gradients", "losses"]
 BATCH, N_IN, N_HIDDEN, N_OUT = 64, 32, 64, 1
 
@@ -71,6 +74,8 @@ def hook_factory(lib: str) -> Callable[[str, int, nn.Module, nn.Module], Any] | 
     """
     if lib == "none":
         return None
+    if lib == "wandb":
+        return lambda out_dir, interval, model, loss_fn: WandbWatch(out_dir, interval, model)
     if lib == "mltrace":
         import mltrace.pytorch as smd
     elif lib == "smdebug":
@@ -89,6 +94,30 @@ def hook_factory(lib: str) -> Callable[[str, int, nn.Module, nn.Module], Any] | 
         return hook
 
     return create
+
+
+class WandbWatch:
+    """What a W&B user does for the same job: ``run.watch(model, log="all", log_freq=interval)``
+    (histograms of parameters and gradients) in an offline run, and the loss logged each step
+    (the losses collection's counterpart). ``close()`` finishes the run, writing its files.
+    System-metrics sampling and console capture are off (they are not what is compared).
+    Needs the bench-only environment of bench/setup_wandb_env.sh: wandb is never a dependency."""
+
+    def __init__(self, out_dir: str, interval: int, model: nn.Module) -> None:
+        import wandb
+
+        os.makedirs(out_dir, exist_ok=True)
+        settings = wandb.Settings(console="off", x_disable_stats=True, x_disable_machine_info=True,
+                                  silent=True)
+        self.run = wandb.init(mode="offline", dir=out_dir, project="mltrace-bench",
+                              settings=settings)
+        self.run.watch(model, log="all", log_freq=interval)
+
+    def after_step(self, loss: torch.Tensor) -> None:
+        self.run.log({"loss": loss.item()})
+
+    def close(self) -> None:
+        self.run.finish()
 
 
 def one_run(
@@ -114,6 +143,8 @@ def one_run(
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
+        if isinstance(hook, WandbWatch):
+            hook.after_step(loss)
     if hook is not None:
         hook.close()
     elapsed = time.perf_counter() - start
@@ -185,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--lib",
         default="none",
-        help="none, mltrace or smdebug, or a comma-separated list to interleave",
+        help="none, mltrace, smdebug or wandb, or a comma-separated list to interleave",
     )
     parser.add_argument("--interval", type=int, default=1, help="save_interval of the hook")
     parser.add_argument("--steps", type=int, default=500)
