@@ -37,7 +37,8 @@ class HookOptions:
             sink's error (otherwise logged once per sink). Files kept in the spill folder during
             an S3 outage are not errors.
         mlflow: log to MLflow too: True (the active run, or a new one), or a dict of options
-            for the MLflow sink (``experiment``, ``run_name``, ``tracking_uri``, ``run_id``).
+            for the MLflow sink (``experiment``, ``run_name``, ``tracking_uri``, ``run_id``,
+            ``system_metrics``: MLflow's CPU, memory and GPU utilization in the run).
         stop_check_interval: seconds between looks for a rule's stop signal (never per step).
     """
 
