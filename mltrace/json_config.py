@@ -9,7 +9,8 @@ File shape::
                                    "CollectionParameters": {"save_interval": "100", "include_regex": "..."}}]}
 
 Every value may be a string (the SageMaker SDK sends strings). The file is named by the argument,
-else by MLTRACE_CONFIG_FILE_PATH, else SMDEBUG_CONFIG_FILE_PATH. An invalid value is rejected
+else by MLTRACE_CONFIG_FILE_PATH, else SMDEBUG_CONFIG_FILE_PATH, else it is SageMaker's
+/opt/ml/input/config/debughookconfig.json if that exists. An invalid value is rejected
 with a message naming the key, the value and the fix. An unknown key is logged as a warning with
 the closest known key and otherwise ignored, as smdebug ignored it, so that every configuration
 smdebug accepted keeps working; ``"strict": "true"`` in HookParameters makes it an error.
@@ -32,6 +33,8 @@ from mltrace.modes import ModeKeys
 logger = logging.getLogger(__name__)
 
 CONFIG_ENV_VARS = ("MLTRACE_CONFIG_FILE_PATH", "SMDEBUG_CONFIG_FILE_PATH")
+#: Where SageMaker writes the hook configuration; read when no path or variable names one.
+SAGEMAKER_CONFIG_FILE = "/opt/ml/input/config/debughookconfig.json"
 #: Top-level keys: ours, and the S3 ones SageMaker writes into the same file (read by no hook).
 TOP_LEVEL_KEYS = ("LocalPath", "HookParameters", "CollectionConfigurations", "S3OutputPath", "S3Path")
 COLLECTION_ENTRY_KEYS = frozenset({"CollectionName", "CollectionParameters"})
@@ -65,16 +68,20 @@ class HookConfig:
 
 
 def config_file_path(json_file_path: str | None = None) -> str:
-    """The config file to read: the argument, else the first env var set.
+    """The config file to read: the argument, else the first env var set, else SageMaker's
+    ``/opt/ml/input/config/debughookconfig.json`` when it exists (smdebug's default there).
 
     Raises:
         FileNotFoundError: none given, or the file does not exist.
     """
     path = json_file_path or next((os.environ[v] for v in CONFIG_ENV_VARS if os.environ.get(v)), None)
+    if not path and os.path.isfile(SAGEMAKER_CONFIG_FILE):
+        path = SAGEMAKER_CONFIG_FILE
     if not path:
         raise FileNotFoundError(
             "no hook configuration file: pass create_from_json_file(path) or set "
-            "MLTRACE_CONFIG_FILE_PATH (or SMDEBUG_CONFIG_FILE_PATH) to the JSON file"
+            "MLTRACE_CONFIG_FILE_PATH (or SMDEBUG_CONFIG_FILE_PATH) to the JSON file "
+            f"(on SageMaker it is {SAGEMAKER_CONFIG_FILE})"
         )
     if not os.path.isfile(path):
         raise FileNotFoundError(f"hook configuration file {path!r} does not exist")

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import mltrace.pytorch as smd
+from mltrace import json_config
 from mltrace.collections import Collection
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
 from mltrace.exceptions import MltraceValueError
@@ -31,6 +32,21 @@ def test_smdebug_era_configurations_build_a_hook_that_trains(tmp_path, name):
     hook.close()
     for entry in SMDEBUG_ERA_CONFIGS[name].get("CollectionConfigurations", []):
         assert entry["CollectionName"] in hook.get_collections()
+
+
+def test_without_a_path_or_variable_sagemakers_file_is_read(tmp_path, monkeypatch):
+    """smdebug read /opt/ml/input/config/debughookconfig.json when nothing named a file: a
+    script on SageMaker calls create_from_json_file() with no variable set."""
+    for variable in json_config.CONFIG_ENV_VARS:
+        monkeypatch.delenv(variable, raising=False)
+    with pytest.raises(FileNotFoundError, match="debughookconfig.json"):
+        smd.Hook.create_from_json_file()
+    path = write_config(tmp_path, "sm", SMDEBUG_ERA_CONFIGS["sagemaker_sdk"])
+    monkeypatch.setattr(json_config, "SAGEMAKER_CONFIG_FILE", path)
+    hook = smd.Hook.create_from_json_file()
+    assert hook.out_dir == str(tmp_path / "sm")
+    assert hook.get_collection("gradients").save_config.get_save_config("TRAIN").save_interval == 10
+    hook.close()
 
 
 def test_save_shape_alone_keeps_the_raw_tensors_smdebug_saved(tmp_path):
