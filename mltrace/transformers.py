@@ -120,11 +120,14 @@ class MltraceCallback(TrainerCallback):
     # -- model callbacks --------------------------------------------------------------------------
     @guarded()
     def _before_forward(self, module: torch.nn.Module, inputs: Any) -> None:
-        """Each evaluation or prediction batch is a step (the Trainer has no event before one)."""
+        """Each evaluation or prediction batch is a step (the Trainer has no event before one).
+        Eval-mode forwards outside ``evaluate``/``predict`` (the script's own inference) are not."""
         if module.training:
             return
         if self._loop_mode is None:
             self._loop_mode = _loop_mode()
+            if self._loop_mode is None:
+                return
         self.capture.begin_batch(self._loop_mode)
 
     @guarded()
@@ -144,16 +147,16 @@ def _mlflow_options(args: Any) -> dict[str, Any] | None:
     return {} if any(name in report_to for name in _MLFLOW_INTEGRATIONS) else None
 
 
-def _loop_mode() -> ModeKeys:
-    """PREDICT inside ``Trainer.predict``, else EVAL: the Trainer runs both through one loop
-    and tells callbacks which it was only afterwards, so the calling frames say (looked up once
-    per loop, not per batch)."""
+def _loop_mode() -> ModeKeys | None:
+    """PREDICT inside ``Trainer.predict``, EVAL inside ``Trainer.evaluate``, else None: the
+    Trainer runs both through one loop and tells callbacks which it was only afterwards, so the
+    calling frames say (looked up once per loop, not per batch)."""
     frame = sys._getframe(2)
     while frame is not None:
         if frame.f_code.co_name in ("predict", "evaluate") and isinstance(frame.f_locals.get("self"), Trainer):
             return ModeKeys.PREDICT if frame.f_code.co_name == "predict" else ModeKeys.EVAL
         frame = frame.f_back  # type: ignore[assignment]
-    return ModeKeys.EVAL
+    return None
 
 
 __all__ = ["MltraceCallback"]

@@ -95,6 +95,8 @@ def test_transformers_trainer_saves_each_optimizer_step_in_its_mode(tmp_path):
     assert trial.steps(mode=TRAIN) == [0, 1, 2, 3]
     assert not os.path.exists(tmp_path / "trial" / paths.END_OF_JOB_MARKER)
     trainer.predict(Tokens(8, 3))
+    with torch.no_grad():  # the script's own inference, outside evaluate/predict: not recorded
+        trainer.model.eval()(input_ids=Tokens(2, 4).ids)
     callback.close()
 
     trial = create_trial(str(tmp_path / "trial"))
