@@ -137,3 +137,13 @@ def test_the_seaweedfs_listing_shim_is_still_needed(run, aws_env):
     listed = plain.list_objects_v2(Bucket=bucket, Prefix=index, StartAfter=index)
     assert listed.get("Contents", []) == []
     assert len(plain.list_objects_v2(Bucket=bucket, Prefix=index)["Contents"]) == 5
+
+
+def test_s3_trial_classes_and_token_match_smdebugs(trials):
+    """create_trial gives both readers their S3Trial, with the same bucket, prefix and
+    last_index_token (the key in the bucket, as smdebug names it)."""
+    st, mt = trials
+    assert type(mt).__name__ == type(st).__name__ == "S3Trial"
+    assert (mt.bucket_name, mt.prefix_name) == (st.bucket_name, st.prefix_name)
+    assert mt.last_index_token == st.last_index_token
+    assert mt.last_index_token.startswith("jobs/run/index/")
