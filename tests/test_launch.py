@@ -322,3 +322,21 @@ def test_a_finished_trial_is_not_overwritten(tmp_path: Path) -> None:
 def test_python_dash_m_mltrace_is_the_command() -> None:
     got = run([sys.executable, "-m", "mltrace", "run", "--help"])
     assert got.returncode == 0 and "SCRIPT [ARGS]" in got.stdout
+
+
+def test_a_process_started_elsewhere_attaches_with_the_environment_set(tmp_path: Path) -> None:
+    """What `mltrace run` sets for its children, set by hand: the bootstrap on PYTHONPATH and
+    the configuration file, for a launcher that is not started through mltrace run."""
+    from mltrace.launch import BOOTSTRAP_DIR
+
+    script = write(tmp_path, "train.py", FUNCTIONAL)
+    out = tmp_path / "trial"
+    config = tmp_path / "hook.json"
+    config.write_text(json.dumps({"LocalPath": str(out), "HookParameters": {"save_interval": "1"},
+                                  "CollectionConfigurations": [{"CollectionName": "losses"}]}))
+    env = environment(PYTHONPATH=BOOTSTRAP_DIR, MLTRACE_CONFIG_FILE_PATH=str(config))
+    check(plain(script, env=env))
+    assert create_trial(str(out)).steps(mode="train") == [0, 1, 2, 3]
+    config.write_text(config.read_text().replace(str(out), str(tmp_path / "other")))
+    check(plain(script, env=environment(MLTRACE_CONFIG_FILE_PATH=str(config))))
+    assert not (tmp_path / "other").exists()  # without the bootstrap nothing attaches

@@ -1,0 +1,131 @@
+"""Overhead of ``mltrace run`` (zero script change): the examples without their mltrace lines
+(examples/zero_change/), plain vs under ``mltrace run`` with a hook that saves nothing due
+(``--save-interval 1000``), side by side.
+
+Workloads (the stripped examples, longer than their defaults so that training dominates):
+
+- ``pytorch``: pytorch_hook_demos.py, ``--steps 3000`` (the Tornasole network, batch 32), with
+  pytorch_weights_bias_gradients.json: weights, biases, gradients (and the loss);
+- ``keras``: keras_fit.py, ``--epochs 4`` (fit on 576 samples, validation, evaluate, predict),
+  with keras_fit.json: weights, biases, gradients, losses, metrics;
+- ``xgboost``: feature_importance.py, ``--rounds 3000``, with feature_importance.json: metrics
+  and feature importance.
+
+What is timed: each run is a fresh process (``python timed.py SCRIPT ARGS`` or ``mltrace run
+--config ... timed.py SCRIPT ARGS``), where timed.py first imports the framework and mltrace's
+module for it (in both configurations: a script with mltrace lines pays that import too, and it
+is a fixed cost: about 2 s for mltrace.pytorch today, which imports torch.distributed.tensor),
+then times the script's ``__main__`` (runpy) with ``time.perf_counter``: the training time and
+what mltrace run adds to it (the hook's creation at the first step, the discovery of models
+and losses during the first step, the hook's callbacks; its close at exit is not included:
+atexit runs after). The process's wall time is reported too (it adds mltrace's bootstrap, the
+imports and the hook's close). With interval 1000, steps 0, 1000, 2000 save.
+
+Protocol (bench/README.md): one thread (OMP/MKL threads 1; ``torch.set_num_threads(1)`` follows
+from OMP_NUM_THREADS), one warm-up and ``--runs`` (5) measured runs per configuration, plain
+and mltrace run interleaved, the median reported. On a loaded machine read the CPU ratio (the
+training process's own CPU time) next to the wall ratios.
+
+Example:
+    .venv/bin/python bench/run_overhead.py            # about 3 minutes on one core
+    .venv/bin/python bench/run_overhead.py --only pytorch --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STRIPPED = ROOT / "examples" / "zero_change"
+WORKLOADS = {
+    "pytorch": ("torch,mltrace.pytorch", "pytorch_hook_demos.py", ["--steps", "3000"],
+                "pytorch_weights_bias_gradients.json"),
+    "keras": ("tensorflow,keras,mltrace.tensorflow", "keras_fit.py", ["--epochs", "4"],
+              "keras_fit.json"),
+    "xgboost": ("xgboost,mltrace.xgboost", "feature_importance.py", ["--rounds", "3000"],
+                "feature_importance.json"),
+}
+TIMED = '''
+import importlib, os, runpy, sys, time
+for name in os.environ["BENCH_IMPORTS"].split(","):
+    importlib.import_module(name)
+script = sys.argv[1]
+sys.argv = sys.argv[1:]
+start, cpu = time.perf_counter(), time.process_time()
+try:
+    runpy.run_path(script, run_name="__main__")
+except SystemExit:
+    pass
+with open(os.environ["BENCH_RESULT"], "w") as f:
+    f.write(repr((time.perf_counter() - start, time.process_time() - cpu)))
+'''
+
+
+def run_once(workload: str, under_mltrace: bool, work: Path,
+             index: int) -> tuple[float, float, float]:
+    """(training seconds, training CPU seconds, process wall seconds) of one run."""
+    imports, script, args, config = WORKLOADS[workload]
+    timed = work / "timed.py"
+    result = work / f"{workload}-{under_mltrace}-{index}.txt"
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2",
+               BENCH_IMPORTS=imports, BENCH_RESULT=str(result), MLTRACE_LOG_LEVEL="error")
+    command = [sys.executable, str(timed), str(STRIPPED / script), *args]
+    if under_mltrace:
+        out_dir = work / f"trial-{workload}-{index}"
+        command = [sys.executable, "-m", "mltrace", "run", "--config", str(STRIPPED / config),
+                   "--out-dir", str(out_dir), "--save-interval", "1000", *command[1:]]
+    start = time.perf_counter()
+    subprocess.run(command, cwd=work, env=env, check=True, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - start
+    train, cpu = ast.literal_eval(result.read_text())
+    return train, cpu, wall
+
+
+def measure(workload: str, runs: int) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="mltrace-run-bench-") as tmp:
+        work = Path(tmp)
+        (work / "timed.py").write_text(TIMED)
+        times: dict[bool, list[tuple[float, float, float]]] = {False: [], True: []}
+        for index in range(runs + 1):  # run 0 is the warm-up
+            for under in (False, True):
+                sample = run_once(workload, under, work, index)
+                if index:
+                    times[under].append(sample)
+    result = {}
+    for i, what in enumerate(("train", "cpu", "wall")):
+        plain = statistics.median(t[i] for t in times[False])
+        run = statistics.median(t[i] for t in times[True])
+        result.update({f"plain_{what}_s": plain, f"run_{what}_s": run, f"{what}_ratio": run / plain})
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--only", choices=sorted(WORKLOADS), action="append")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON too")
+    args = parser.parse_args()
+    results = {name: measure(name, args.runs) for name in args.only or WORKLOADS}
+    print("medians; train = the script's run after the imports, cpu = its process CPU time,")
+    print("wall = the whole process; ratio = mltrace run / plain")
+    print(f"{'workload':<10}" + "".join(f"{'plain ' + w:>13}{'run ' + w:>11}{'ratio':>7}"
+                                        for w in ("train", "cpu", "wall")))
+    for name, r in results.items():
+        print(f"{name:<10}" + "".join(
+            f"{r[f'plain_{w}_s']:>13.3f}{r[f'run_{w}_s']:>11.3f}{r[f'{w}_ratio']:>7.3f}"
+            for w in ("train", "cpu", "wall")))
+    if args.json:
+        print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
