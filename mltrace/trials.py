@@ -326,17 +326,23 @@ class Trial:
         return self.collection(collection)
 
     def _warn_empty_collection(self, coll: Collection) -> None:
-        """A query by an analysis-side collection found nothing: a misspelt name creates an
-        empty collection (as in smdebug), so warn, naming the closest collection the training
-        wrote. (Written collections with nothing saved are common in rules: debug only.)"""
-        if coll.name in self._written_collections:
-            logger.debug("no tensor of collection %r in trial %s", coll.name, self.name)
-            return
+        """A query by collection found nothing. A misspelt name creates an empty collection (as
+        in smdebug), so warn when the name is close to one the training wrote, and when an
+        analysis-side collection the user filled matches nothing (smdebug warned then too);
+        otherwise (common in rules and views) debug only."""
         written = sorted(self._written_collections)
-        close = difflib.get_close_matches(coll.name, written, n=1)
-        logger.warning("no tensor of trial %s is in collection %r, which the training did not "
-                       "write%s", self.name, coll.name,
-                       f" (did you mean {close[0]!r}?)" if close else f"; it wrote {written}")
+        close = [] if coll.name in self._written_collections else difflib.get_close_matches(
+            coll.name, written, n=1)
+        if close:
+            logger.warning("no tensor of trial %s is in collection %r, which the training did "
+                           "not write (did you mean %r?)", self.name, coll.name, close[0])
+        elif coll.name not in self._written_collections and (coll.include_regex
+                                                             or coll.tensor_names):
+            logger.warning("no tensor of trial %s is in collection %r (include_regex %s, "
+                           "tensor_names %s)", self.name, coll.name, coll.include_regex,
+                           sorted(coll.tensor_names))
+        else:
+            logger.debug("no tensor of collection %r in trial %s", coll.name, self.name)
 
     def tensors_in_collection(self, coll: str | Collection) -> list[Tensor]:
         """Tensor objects of the tensors that belong to a collection."""

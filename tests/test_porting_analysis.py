@@ -60,6 +60,16 @@ def test_a_misspelt_collection_warns_with_the_written_one(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="mltrace"):
         assert tr.tensor_names(collection="loses") == []
     assert "did you mean 'losses'?" in caplog.text and "'loses'" in caplog.text
+    caplog.clear()
+    tr.collection("mine").include("^fc")  # filled by the analysis, matching nothing
+    with caplog.at_level(logging.WARNING, logger="mltrace"):
+        assert tr.tensor_names(collection="mine") == []
+    assert "'mine'" in caplog.text and "^fc" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="mltrace"):  # views probing a collection
+        assert tr.tensor_names(collection="weights") == []
+        assert tr.tensor_names(collection="gradients") == []
+    assert caplog.text == ""
 
 
 # -- no_refresh / refresh at smdebug's place ------------------------------------------------
