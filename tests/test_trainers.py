@@ -293,3 +293,21 @@ def test_lightning_shares_the_mlflow_loggers_run(tracking, tmp_path, monkeypatch
     assert len(trained) == trainer.global_step
     assert [m.step for m in client.get_metric_history(run.info.run_id, "loss_output_1")] == trained
     assert client.get_metric_history(run.info.run_id, "system/cpu_utilization_percentage")
+
+
+def test_lightning_mlflow_logger_on_a_file_store_never_stops_training(tmp_path, monkeypatch, caplog):
+    """MLFlowLogger's default store is MLflow's deprecated file store, which mltrace refuses:
+    mltrace says so and why, and training and the trial go on."""
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3.17 refuses it by default
+    logger = MLFlowLogger(experiment_name="files", tracking_uri=f"file:{tmp_path / 'mlruns'}")
+    callback = LightningCallback(out_dir=str(tmp_path / "trial"), save_config=mltrace.SaveConfig(save_interval=1))
+    trainer = pl_trainer(tmp_path, callback, logger=logger)
+    trainer.fit(Regressor(), loader(32, 8), loader(16, 8, seed=1))
+    callback.close()
+    assert "mltrace does not log to MLflow" in caplog.text and "file store" in caplog.text
+    assert create_trial(str(tmp_path / "trial")).steps(mode=TRAIN) == [0, 1, 2, 3]
+    assert callback.hook.sinks == []
