@@ -139,7 +139,11 @@ def _parse_entry(spec: Any, where: str) -> WatchRule:
     others = tuple(p for p in config.pop("other-trials-paths", "").split(";") if p)
     params = {k.replace("-", "_"): v for k, v in config.items()}
     source = spec.get("SourceS3Uri") or None
-    cls = load_rule_class(name, source)  # MltraceValueError: unknown rule, listing the known
+    try:
+        cls = load_rule_class(name, source)
+    except MltraceValueError as exc:  # an unknown rule: the message lists the known ones
+        text = str(exc).replace("pass --rule-file FILE", 'give "SourceS3Uri": FILE')
+        raise MltraceValueError(f"{where}: {text}") from None
     valid = rule_parameters(cls)
     bad = sorted(set(params) - set(valid))
     if bad:
