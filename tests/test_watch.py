@@ -99,7 +99,7 @@ def test_selection_crash_and_restart(tracking, tmp_path):
                            ("a/two", "Crashes"), ("a/two", "VanishingGradient"),
                            ("b/three", "Crashes")]
     client = MlflowClient()
-    for (trial, rule), outcome in got.items():
+    for (_trial, rule), outcome in got.items():
         run = client.get_run(outcome.mlflow_run_id)
         if rule == "Crashes":
             assert outcome.status == state.FAILED and "ZeroDivisionError: boom at step 2" in outcome.error
