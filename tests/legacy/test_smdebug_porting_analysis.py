@@ -86,3 +86,54 @@ def test_analysis_side_collections_answer_as_smdebugs(tmp_path):
     for trial in (ours, theirs):
         with pytest.raises(ValueError):
             trial.tensor_names(collection="test", regex="dummy")
+
+
+def _train_with(smd_module, out_dir: Path):
+    """TRAIN 3 steps, EVAL 3, TRAIN 2 with a PyTorch hook of ``smd_module`` (mltrace's or
+    smdebug's), saving TRAIN steps every step and EVAL steps every other; the hook is returned
+    open."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
+    save_config = smd_module.SaveConfig(mode_save_configs={
+        smd_module.modes.TRAIN: smd_module.SaveConfigMode(save_interval=1),
+        smd_module.modes.EVAL: smd_module.SaveConfigMode(save_interval=2)})
+    hook = smd_module.Hook(out_dir=str(out_dir), save_config=save_config,
+                           include_collections=["weights", "losses"])
+    hook.register_module(model)
+    loss_fn = torch.nn.MSELoss()
+    hook.register_loss(loss_fn)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for mode, steps in (("TRAIN", 3), ("EVAL", 3), ("TRAIN", 2)):
+        hook.set_mode(getattr(smd_module.modes, mode))
+        for _ in range(steps):
+            x, y = torch.randn(5, 4), torch.randn(5, 1)
+            loss = loss_fn(model(x), y)
+            if mode == "TRAIN":
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+    return hook
+
+
+@pytest.mark.parametrize("writer", ["mltrace", "smdebug"])
+def test_readers_agree_on_a_hook_run_while_it_runs_and_after(tmp_path, writer):
+    """A run written by a real hook (mltrace's, then smdebug's), read while the job is still
+    open (incomplete: no end marker) and again after close()."""
+    import smdebug.pytorch as smd_torch
+
+    import mltrace.pytorch as ml_torch
+
+    hook = _train_with(ml_torch if writer == "mltrace" else smd_torch, tmp_path / "run")
+    if writer == "mltrace":
+        hook.flush()  # the files of every step so far, no end marker
+    path = str(tmp_path / "run")
+    keys = ({m: ModeKeys[m] for m in MODES}, {m: SmdModeKeys[m] for m in MODES})
+    running = _answers(create_trial(path), keys[0])
+    assert running == _answers(smd_create_trial(path), keys[1])
+    assert running["loaded_all_steps"] is False and running["steps"]["EVAL"]
+    hook.close()
+    ended = _answers(create_trial(path), keys[0])
+    assert ended == _answers(smd_create_trial(path), keys[1])
+    assert ended["loaded_all_steps"] is True
