@@ -71,15 +71,23 @@ def tensor_event_parts(
     the values are not copied once per message (see mltrace.format.tensors.tensor_parts)."""
     tensor_head, content = tensor_parts(tag, array)
     metadata = _metadata_field(mode, mode_step)
-    tensor_len = len(tensor_head) + len(content)
-    value_head = _tag_field(tag) + w.key(8, w.LEN) + w.varint(tensor_len)
-    value_len = len(value_head) + tensor_len + len(metadata)
+    value_head = _value_head(tag, tensor_head, len(content))
+    value_len = len(value_head) + len(content) + len(metadata)
     summary_head = _SUMMARY_VALUE_KEY + w.varint(value_len)
     event_head = w.double_field(1, wall_time) if wall_time else b""
     if step:
         event_head += w.varint_field(2, step)
     event_head += _EVENT_SUMMARY_KEY + w.varint(len(summary_head) + value_len)
-    return event_head + summary_head + value_head + tensor_head, content, metadata
+    return event_head + summary_head + value_head, content, metadata
+
+
+@functools.lru_cache(maxsize=8192)
+def _value_head(tag: str, tensor_head: bytes, content_length: int) -> bytes:
+    """Value's fields before the tensor's values: its tag, the tensor's key and length, and the
+    tensor's own fields before its content. A tensor's are the same every step (same name,
+    dtype and shape), so they are built once; only the step, time and mode step change."""
+    return (_tag_field(tag) + w.key(8, w.LEN) + w.varint(len(tensor_head) + content_length)
+            + tensor_head)
 
 
 _SUMMARY_VALUE_KEY = w.key(1, w.LEN)

@@ -134,12 +134,12 @@ def tensor_parts(tag: str, array: np.ndarray) -> tuple[bytes, bytes]:
             f"cannot save tensor {tag!r} of dtype {array.dtype}: datetime, timedelta and structured "
             "arrays are not tensors; convert to a numeric dtype first"
         )
-    shape = _shape_field(tag, array.shape)
     if _is_text(array):
         flat = array.reshape(-1)
         # Text as smdebug writes it (DataType left unset); bytes as DT_STRING, so that they read
         # back as bytes (smdebug's reader cannot read bytes arrays at all).
         is_bytes = array.dtype.kind == "S" or (flat.size and all(isinstance(x, bytes) for x in flat))
+        shape = _shape_field(tag, array.shape)
         body = w.varint_field(1, DT_STRING) + shape if is_bytes else shape
         for item in flat:
             body += w.len_field(8, item if isinstance(item, bytes) else str(item).encode("utf-8"))
@@ -147,11 +147,19 @@ def tensor_parts(tag: str, array: np.ndarray) -> tuple[bytes, bytes]:
     code = DT_BFLOAT16 if isinstance(array, BFloat16Bits) else _dtype_code(array)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
-    head = w.varint_field(1, code) + shape
-    if not array.nbytes:
-        return head, b""
-    content = np.ascontiguousarray(array).tobytes()
-    return head + w.key(4, w.LEN) + w.varint(len(content)), content
+    content = np.ascontiguousarray(array).tobytes() if array.nbytes else b""
+    return numeric_tensor_head(tag, code, array.shape, len(content)), content
+
+
+@functools.lru_cache(maxsize=8192)
+def numeric_tensor_head(tag: str, code: int, shape: tuple[int, ...], content_length: int) -> bytes:
+    """A numeric TensorProto's fields before its ``tensor_content`` bytes (dtype, shape, the
+    content's key and length; no content field when it is empty). The same tensors recur every
+    step with the same shape, so the bytes are built once per tensor, not per record."""
+    head = w.varint_field(1, code) + _shape_field(tag, shape)
+    if not content_length:
+        return head
+    return head + w.key(4, w.LEN) + w.varint(content_length)
 
 
 #: Most elements a TensorProto may expand one *_val value to (TensorFlow's "fill"): a damaged
