@@ -25,6 +25,9 @@ SERVER_FIXTURES = frozenset({
     "outage_server",  # tests/test_s3.py: the same, one per test
     "fast_server",  # tests/test_tb_browser.py: `mltrace tensorboard` (Rust loader)
     "python_server",  # tests/test_tb_browser.py: plain `tensorboard` (Python loader)
+    "postgres",  # tests/team_servers.py: PostgreSQL (initdb in a temporary folder)
+    "mlflow_pg",  # tests/team_servers.py: `mlflow server` on PostgreSQL, artifacts on SeaweedFS
+    "ray_cluster",  # tests/team_servers.py: `ray start` head + one worker node
 })
 #: Fixtures that start headless Chromium (tests/test_tb_browser.py).
 BROWSER_FIXTURES = frozenset({"browser"})

@@ -85,8 +85,8 @@ class PostgresServer:
 
     @property
     def url(self) -> str:
-        """SQLAlchemy URL of the MLflow database."""
-        return f"postgresql://{PG_USER}:{PG_PASSWORD}@127.0.0.1:{self.port}/{PG_DB}"
+        """SQLAlchemy URL of the MLflow database (psycopg2: SQLAlchemy 2.1 would pick psycopg 3)."""
+        return f"postgresql+psycopg2://{PG_USER}:{PG_PASSWORD}@127.0.0.1:{self.port}/{PG_DB}"
 
     def start(self) -> None:
         cmd = [*self.prefix, _pg_bin("postgres"), "-D", self.data, "-h", "127.0.0.1",
