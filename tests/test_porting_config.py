@@ -64,6 +64,29 @@ def test_save_shape_alone_keeps_the_raw_tensors_smdebug_saved(tmp_path):
     assert tuple(weight.shape(1)) == captured.values["Sequential_0.weight"][1].shape
 
 
+def test_xgboost_trains_from_smdebugs_xgboost_configuration(tmp_path, caplog):
+    """The issue's case: smdebug's XGBoost test configuration, include_collections and all."""
+    import xgboost as xgb
+
+    import mltrace.xgboost as xsmd
+    from tests.xgboost_training import make_data
+
+    doc = {**SMDEBUG_ERA_CONFIGS["xgboost_full"],
+           "CollectionConfigurations": [{"CollectionName": "metrics",
+                                         "CollectionParameters": {"save_interval": "1"}}]}
+    with caplog.at_level(logging.WARNING, logger="mltrace"):
+        hook = xsmd.Hook.create_from_json_file(write_config(tmp_path, "xgb", doc))
+    assert "include_collections" in caplog.text
+    train, valid = make_data()
+    xgb.train({"max_depth": 2}, train, num_boost_round=3, evals=[(valid, "validation")],
+              callbacks=[hook])
+    hook.close()
+    trial = create_trial(str(tmp_path / "xgb"))
+    assert trial.tensor_names(collection="metrics") == ["validation-rmse"]
+    # the collection's save_interval 1 layers over the hook's start_step 1, as in smdebug
+    assert trial.tensor("validation-rmse").steps() == [1, 2]
+
+
 def test_keys_smdebug_ignored_warn_with_advice_and_change_nothing(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="mltrace"):
         config = parse_hook_config(json.loads(open(write_config(
