@@ -13,17 +13,19 @@ import atexit
 import logging
 import os
 import weakref
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import numpy as np
 
 from mltrace._logging import configure_from_env
 from mltrace.capture.adapter import Adapter, as_numpy
+from mltrace.capture.checkpoint import CheckpointState
 from mltrace.capture.clock import StepClock
 from mltrace.capture.errors import ErrorPolicy, guarded
 from mltrace.capture.nan_watch import NanWatch
 from mltrace.capture.options import HookOptions
+from mltrace.capture.out_dir import OutDirGuard
 from mltrace.capture.outputs import Outputs
 from mltrace.capture.plan import SavePlan
 from mltrace.capture.stop import StopSignal
@@ -44,12 +46,59 @@ logger = logging.getLogger(__name__)
 
 _current_hook: Hook | None = None
 
-__all__ = ["Hook", "HookOptions", "Adapter", "get_hook", "guarded", "check_tensor_name", "as_numpy"]
+__all__ = ["Hook", "HookOptions", "Adapter", "get_hook", "set_hook", "del_hook", "hook_of_class",
+           "guarded", "check_tensor_name", "as_numpy"]
+_H = TypeVar("_H")
 
 
 def get_hook() -> Hook | None:
-    """The hook created last in this process (smdebug's ``get_hook``), or None."""
+    """The current hook of this process: the one created last, or given to ``set_hook``; None
+    before any, or after ``del_hook()`` (smdebug's singleton)."""
     return _current_hook
+
+
+def set_hook(hook: Any) -> None:
+    """Make ``hook`` the current hook (smdebug's ``set_hook``): a framework hook, or a core Hook.
+
+    Raises:
+        MltraceTypeError: not a hook.
+    """
+    global _current_hook
+    core = hook if isinstance(hook, Hook) else getattr(hook, "core", None)
+    if not isinstance(core, Hook):
+        raise MltraceTypeError(f"set_hook needs an mltrace hook (e.g. mltrace.pytorch.Hook), got "
+                               f"{type(hook).__name__}")
+    _current_hook = core
+
+
+def del_hook() -> None:
+    """Forget the current hook (smdebug's ``del_hook``), e.g. between two runs in one process.
+    The hook itself is not closed: close it first to finish its trial."""
+    global _current_hook
+    _current_hook = None
+
+
+def hook_of_class(hook_class: type[_H], front: Callable[[Hook], Any], json_config_path: str | None,
+                  create_if_not_exists: bool) -> _H | None:
+    """smdebug's framework ``get_hook``: the current hook if it is a ``hook_class`` (``front``
+    maps the core hook to what the framework hands out); else, if ``create_if_not_exists``, a
+    new ``hook_class`` from the JSON configuration (``json_config_path``, else the file the
+    environment names), or None when there is no configuration (as smdebug).
+
+    Raises:
+        MltraceValueError: the configuration exists but is invalid.
+    """
+    current = _current_hook
+    found = front(current) if current is not None else None
+    if isinstance(found, hook_class):
+        return found
+    if not create_if_not_exists:
+        return None
+    try:
+        return hook_class.create_from_json_file(json_config_path)  # type: ignore[attr-defined]
+    except FileNotFoundError as exc:
+        logger.info("get_hook(create_if_not_exists=True) creates no hook: %s", exc)
+        return None
 
 
 class Hook:
@@ -96,8 +145,14 @@ class Hook:
         #: True once the current step's files are written (see end_step).
         self.step_written = False
         self.worker, self.num_workers = paths.DEFAULT_WORKER_NAME, 1
-        self._carried: list[tuple[str, np.ndarray, list[str]]] = []
+        #: save_tensor values waiting for the next step: name -> (value, collections).
+        self._carried: dict[str, tuple[np.ndarray, list[str]]] = {}
         self._closed = False
+        self.out_dir_guard = OutDirGuard(
+            None if options.dry_run else os.path.dirname(self.storage.local_path(paths.END_OF_JOB_MARKER) or "")
+            or None)
+        #: smdebug's checkpoint support: steps continue after a restarted job's checkpoint.
+        self.checkpoint = None if options.dry_run else CheckpointState.from_env()
         if options.sinks and not options.dry_run:
             from mltrace import plugins  # entry points are read only by hooks that log somewhere
 
@@ -190,6 +245,7 @@ class Hook:
         if self.dry_run or not (self.include_workers == "all" or chief):
             return
         self.collection_manager.num_workers = self.num_workers if self.include_workers == "all" else 1
+        self.out_dir_guard.claim()
         self.outputs.open(self.worker, chief)
 
     def begin_step(self, step: int | None = None) -> None:
@@ -204,6 +260,8 @@ class Hook:
         if not self.step_written:
             self.end_step()
         self.prepare()
+        if self.checkpoint is not None:
+            self._checkpoint_boundary(counted=step is None)
         self.clock.advance(step)
         self._decide_due()
         self.step_written = False
@@ -211,10 +269,24 @@ class Hook:
         self.outputs.begin_step(open_files=self.step_active)
         if self.writer is not None:
             self.stop.poll()
-        carried, self._carried = self._carried, []
-        for name, value, collections in carried:
+        carried, self._carried = self._carried, {}
+        for name, (value, collections) in carried.items():
             self._save_tensor(name, value, collections)
         self.adapter.on_step_begin()
+
+    def _checkpoint_boundary(self, counted: bool) -> None:
+        """smdebug's checkpoint support (mltrace.capture.checkpoint): before the first counted
+        step, continue a restarted job's steps; between steps, record the state when a new
+        checkpoint appeared. Steps numbered by the framework (XGBoost's rounds) keep them."""
+        assert self.checkpoint is not None
+        if self.step_active and self.clock.started:
+            self.checkpoint.last_saved_step = self.clock.step
+        if self.checkpoint.to_restore and not self.clock.started:
+            if counted:
+                self.checkpoint.restore(self.clock)
+            self.checkpoint.to_restore = False
+            return
+        self.checkpoint.at_boundary(self.clock)
 
     def _decide_due(self) -> None:
         """Ask the save plan what is due at the current step; set the adapters' fast-path flag."""
@@ -233,6 +305,8 @@ class Hook:
             logger.info("NaN seen at step %d: saving %d watched tensors", self.step, len(held))
         for name, array, colls in held:
             self.outputs.write_tensor(name, array, array, colls, on_host=True)
+        if (self.writer.step_open or self.outputs.pending_scalars) and self.out_dir_guard.replaced():
+            self._leave_replaced_out_dir()
         self.outputs.end_step()
         self.step_active = False
         self.step_written = True
@@ -287,9 +361,17 @@ class Hook:
         names = name_list("collections_to_write", collections_to_write, "collection name", "weights")
         if self.adapter.defer_symbolic(lambda v: self.save_tensor(tensor_name, v, names), tensor_value):
             return
-        if self.step_written:
+        if self.step_written or not self.clock.started:
+            # Before the first step (smdebug queued these too) or after the step's files were
+            # written: saved with the next step. The collections are made now, so that naming
+            # one in include_collections and filling it only this way is valid.
+            if not self.plan.prepared:
+                for cname in names:
+                    self.get_collection(cname).add_tensor_name(tensor_name)
+                    self.plan.include(cname)
             try:  # a copy: the caller may change the array before the next step
-                self._carried.append((tensor_name, np.array(self.adapter.to_numpy(tensor_value), copy=True), names))
+                self._carried[tensor_name] = (
+                    np.array(self.adapter.to_numpy(tensor_value), copy=True, subok=True), names)
             except MltraceTypeError as exc:
                 logger.warning("not saving tensor %r: %s", tensor_name, exc)
             return
@@ -333,6 +415,51 @@ class Hook:
         return self.stop.error()
 
     # -- lifecycle ------------------------------------------------------------------------------
+    @guarded(user_facing=True)
+    def flush(self) -> None:
+        """Make the trial readable up to now: write the current step's files, the collections
+        file and the TensorBoard summaries, and wait until they are on storage. Hooks call this
+        where training ends (Keras' on_train_end, a tf.compat.v1 session's end, XGBoost's
+        after_training, the Transformers and Lightning callbacks); values saved after it go to
+        the next step. ``close()`` does all this and also marks the trial finished.
+
+        Raises:
+            mltrace.exceptions.TrialWriteError: with ``strict=True``, a file that could not be
+                written.
+        """
+        if self._closed or self.writer is None:
+            return
+        if self.clock.started and not self.step_written:
+            self.end_step()
+        if self.writer is None:  # end_step found the out_dir replaced
+            return
+        if self.out_dir_guard.replaced():
+            self._leave_replaced_out_dir()
+            return
+        self.outputs.write_collections()
+        self.writer.flush()
+        if self.tensorboard is not None:
+            self.tensorboard.flush()
+        if self.strict:
+            self.outputs.raise_write_failure()
+
+    def _leave_replaced_out_dir(self) -> None:
+        """The out_dir was deleted (and maybe made again for another run) since this hook began
+        writing: write nothing more there (see mltrace.capture.out_dir)."""
+        logger.warning(
+            "out_dir %s was deleted or replaced since this hook began writing into it: the hook "
+            "writes nothing more there (not its last steps, not the end marker), so another run's "
+            "trial in that folder stays intact. Close a hook (hook.close()) before reusing its "
+            "out_dir.", self.out_dir)
+        writer, tensorboard = self.writer, self.tensorboard
+        self.outputs.writer = self.outputs.tensorboard = None
+        self.outputs.pending_scalars.clear()
+        self.step_active = False
+        if writer is not None:
+            writer.discard()
+        if tensorboard is not None:
+            tensorboard.discard()
+
     def close(self) -> None:
         """Write the last step, the collections and the end marker; also runs at interpreter exit.
 
@@ -350,6 +477,7 @@ class Hook:
                 self._finish(write_end_marker=True)
         finally:
             self._closed = True
+            self.out_dir_guard.release()
             self.adapter.on_closed()
         if self.strict:
             for failed in (writer, tensorboard):
@@ -364,6 +492,8 @@ class Hook:
 
     def _finish(self, write_end_marker: bool) -> None:
         try:
+            if self.writer is not None and self.out_dir_guard.replaced():
+                self._leave_replaced_out_dir()
             if self.writer is not None:
                 self.adapter.on_finish()
                 if self.step_written and (self.outputs.pending_scalars or self._carried):

@@ -136,6 +136,10 @@ class TensorBoardWriter:
         self._buffers: dict[ModeKeys, bytearray] = {}
         self._files: dict[ModeKeys, str] = {}
         self._closed = False
+        self._discarding = False
+        folder = self.storage.local_path("x")
+        if folder is not None:  # the folder is there once the export starts (smdebug made it too)
+            os.makedirs(os.path.dirname(folder), exist_ok=True)
         #: encodes and flushes that failed (see mltrace.failure_log).
         self.failures = FailureLog(logger, "the export goes on")
         self.events_written = 0
@@ -168,6 +172,12 @@ class TensorBoardWriter:
             done = threading.Event()
             self._queue.put((_FLUSH, done))
             done.wait()
+
+    def discard(self) -> None:
+        """Stop without writing the summaries not written yet (the hook found its out_dir
+        replaced by another run's)."""
+        self._discarding = True
+        self.close()
 
     def close(self) -> None:
         """Flush and stop the background thread; later ``add_*`` calls are ignored."""
@@ -234,6 +244,9 @@ class TensorBoardWriter:
     def _write_mode(self, mode: ModeKeys) -> None:
         buffer = self._buffers.get(mode)
         if not buffer:
+            return
+        if self._discarding:
+            buffer.clear()
             return
         header = frame_record(encode_file_version_event(time.time()), real_crc=True)
         key = self._files.get(mode)

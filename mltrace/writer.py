@@ -299,6 +299,18 @@ class TrialWriter:
         self.failures.record(f"could not write {location}: {type(exc).__name__}: {exc}",
                              TrialWriteError(location, exc))
 
+    def discard(self) -> None:
+        """Stop without writing what is still queued (the hook found its out_dir replaced: those
+        files belong in a folder that is gone); a file being written now is finished."""
+        self._step = None
+        while True:
+            try:
+                _, size = self._queue.get(timeout=0)
+            except queue.Empty:
+                break
+            self._queue.task_done(size)
+        self.close()
+
     def flush(self) -> None:
         """Wait until every queued file is written."""
         if self._thread is not None and self._thread.is_alive():

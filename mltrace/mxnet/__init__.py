@@ -16,13 +16,13 @@ Example:
 from mltrace import modes
 from mltrace.collections import CollectionKeys
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
-from mltrace.hook import get_hook
+from mltrace.hook import del_hook, set_hook
 from mltrace.mxnet.collection import DEFAULT_COLLECTIONS, DEFAULT_INCLUDE_COLLECTIONS, Collection
-from mltrace.mxnet.hook import Hook, TornasoleHook, add_to_collection, get_collection
+from mltrace.mxnet.hook import Hook, TornasoleHook, add_to_collection, get_collection, get_hook
 from mltrace.trials import create_trial
 
 __all__ = [
     "Hook", "TornasoleHook", "Collection", "CollectionKeys", "SaveConfig", "SaveConfigMode",
-    "ReductionConfig", "modes", "get_collection", "add_to_collection", "get_hook", "create_trial",
+    "ReductionConfig", "modes", "get_collection", "add_to_collection", "get_hook", "set_hook", "del_hook", "create_trial",
     "DEFAULT_COLLECTIONS", "DEFAULT_INCLUDE_COLLECTIONS",
 ]

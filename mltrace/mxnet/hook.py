@@ -36,7 +36,8 @@ from mltrace.capture.options import HookOptions
 from mltrace.collections import TORNASOLE_INCLUDE_COLLECTIONS
 from mltrace.config import ReductionConfig
 from mltrace.hook import Hook as CoreHook
-from mltrace.hook import get_hook
+from mltrace.hook import get_hook as _current_hook
+from mltrace.hook import hook_of_class
 from mltrace.json_config import create_hook_from_config
 from mltrace.mxnet.adapter import GluonAdapter
 from mltrace.mxnet.collection import (
@@ -48,7 +49,16 @@ from mltrace.mxnet.collection import (
 
 def get_collection(name: str, create: bool = True) -> Collection:
     """The collection ``name`` of the current hook, or of the hook about to be created."""
-    return pending.of(get_hook(), Hook, name, create)  # type: ignore[return-value]
+    return pending.of(_current_hook(), Hook, name, create)  # type: ignore[return-value]
+
+
+def get_hook(json_config_path: str | None = None, create_if_not_exists: bool = True) -> Hook | None:
+    """The current MXNet hook (smdebug's ``get_hook``): the one created last or given to
+    ``set_hook``; else one built from the JSON configuration (``json_config_path``, else
+    ``MLTRACE_CONFIG_FILE_PATH`` / ``SMDEBUG_CONFIG_FILE_PATH``), or None if there is none.
+    smdebug's MXNet ``get_hook`` always tried to create one; pass ``create_if_not_exists=False``
+    to only look."""
+    return hook_of_class(Hook, lambda core: core, json_config_path, create_if_not_exists)
 
 
 def add_to_collection(collection_name: str, args: Any) -> None:
@@ -118,4 +128,4 @@ class TornasoleHook(Hook):
     _default_include = TORNASOLE_INCLUDE_COLLECTIONS
 
 
-__all__ = ["Hook", "TornasoleHook", "get_collection", "add_to_collection"]
+__all__ = ["Hook", "TornasoleHook", "get_hook", "get_collection", "add_to_collection"]

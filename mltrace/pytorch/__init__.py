@@ -45,7 +45,8 @@ from mltrace.collections import Collection as _CoreCollection
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
 from mltrace.exceptions import MltraceTypeError
 from mltrace.hook import Hook as CoreHook
-from mltrace.hook import check_tensor_name, get_hook
+from mltrace.hook import check_tensor_name, del_hook, hook_of_class, set_hook
+from mltrace.hook import get_hook as _current_hook
 from mltrace.json_config import create_hook_from_config
 from mltrace.pytorch.adapter import TorchAdapter
 from mltrace.pytorch.reductions import torch_reductions
@@ -82,7 +83,7 @@ _pending = PendingCollections(lambda: manager_with_defaults(DEFAULT_COLLECTIONS,
 
 def get_collection(name: str, create: bool = True) -> Collection:
     """The collection ``name`` of the current hook, or of the hook about to be created."""
-    return _pending.of(get_hook(), Hook, name, create)  # type: ignore[return-value]
+    return _pending.of(_current_hook(), Hook, name, create)  # type: ignore[return-value]
 
 
 def add_to_collection(collection_name: str, args: Any) -> None:
@@ -167,6 +168,14 @@ class Hook(CoreHook):
         if self.step_active:
             self.torch.save_io(tensor_name, "_output_", tensor_value)
 
+def get_hook(json_config_path: str | None = None, create_if_not_exists: bool = False) -> Hook | None:
+    """The current PyTorch hook (smdebug's ``get_hook``): the one created last or given to
+    ``set_hook``; else, with ``create_if_not_exists``, one built from the JSON configuration
+    (``json_config_path``, else ``MLTRACE_CONFIG_FILE_PATH`` / ``SMDEBUG_CONFIG_FILE_PATH``),
+    or None if there is none."""
+    return hook_of_class(Hook, lambda core: core, json_config_path, create_if_not_exists)
+
+
 class TornasoleHook(Hook):
     """Seed 000's Tornasole hook: saves weights, biases and gradients when no collection is named."""
 
@@ -175,6 +184,6 @@ class TornasoleHook(Hook):
 
 __all__ = [
     "Hook", "TornasoleHook", "Collection", "SaveConfig", "SaveConfigMode", "ReductionConfig", "modes",
-    "get_collection", "add_to_collection", "get_hook", "create_trial", "TorchAdapter",
-    "torch_reductions", "GRADIENT_PREFIX",
+    "get_collection", "add_to_collection", "get_hook", "set_hook", "del_hook", "create_trial",
+    "CollectionKeys", "TorchAdapter", "torch_reductions", "GRADIENT_PREFIX",
 ]

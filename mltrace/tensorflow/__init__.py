@@ -18,6 +18,7 @@ Example:
 from mltrace import modes
 from mltrace.collections import CollectionKeys
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
+from mltrace.hook import del_hook, set_hook
 from mltrace.tensorflow._core import add_to_collection, get_collection, get_hook
 from mltrace.tensorflow.collection import Collection
 from mltrace.tensorflow.keras import KerasHook
@@ -41,5 +42,7 @@ __all__ = [
     "create_trial",
     "get_collection",
     "get_hook",
+    "set_hook",
+    "del_hook",
     "modes",
 ]

@@ -119,6 +119,11 @@ class TFHookAPI:
         """Save a metric computed by the user (seed 003) as ``<tensor_name>`` in ``metrics``."""
         self.adapter.record_tensor_value(tensor_name, tensor_value)
 
+    def flush(self) -> None:
+        """Write the current step's files and wait until they are stored (see
+        mltrace.hook.Hook.flush); fit/evaluate/predict and a session's end do it themselves."""
+        self.core.flush()
+
     def close(self) -> None:
         """Write the last step and the end marker, and restore every patched object (see
         mltrace.hook.Hook.close for what ``strict`` raises)."""

@@ -51,8 +51,8 @@ from mltrace.capture.adapter import Adapter, ReductionItems
 from mltrace.capture.errors import guarded
 from mltrace.collections import Collection as _CoreCollection
 from mltrace.collections import CollectionKeys, CollectionManager, PendingCollections
-from mltrace.exceptions import MltraceTypeError
-from mltrace.hook import Hook
+from mltrace.exceptions import MltraceTypeError, MltraceValueError
+from mltrace.hook import Hook, hook_of_class
 from mltrace.hook import get_hook as _core_get_hook
 from mltrace.modes import ModeKeys
 from mltrace.tensorflow import _tensors
@@ -588,10 +588,34 @@ def _tf_core_hook() -> Hook | None:
     return hook if hook is not None and isinstance(hook.adapter, TFAdapter) else None
 
 
-def get_hook() -> TFHookAPI | None:
-    """The TensorFlow hook (KerasHook or SessionHook) created last, or None."""
-    hook = _tf_core_hook()
-    return cast(TFAdapter, hook.adapter).owner if hook is not None else None
+def get_hook(hook_type: str | None = None, json_config_path: str | None = None,
+             create_if_not_exists: bool = False) -> TFHookAPI | None:
+    """The current TensorFlow hook (smdebug's ``get_hook``): the KerasHook or SessionHook
+    created last or given to ``set_hook``, if it is of ``hook_type`` ("keras", "session",
+    "estimator"; None: any). Else, with ``create_if_not_exists``, a ``hook_type`` hook built from
+    the JSON configuration (``json_config_path``, else ``MLTRACE_CONFIG_FILE_PATH`` /
+    ``SMDEBUG_CONFIG_FILE_PATH``), or None if there is none.
+
+    Raises:
+        MltraceValueError: an unknown ``hook_type``, or ``create_if_not_exists`` without one.
+    """
+    from mltrace.tensorflow._api import TFHookAPI  # the front doors import this module
+    from mltrace.tensorflow.keras import KerasHook
+    from mltrace.tensorflow.session import SessionHook
+
+    hook_types: dict[str, type[TFHookAPI]] = {"keras": KerasHook, "session": SessionHook,
+                                              "estimator": SessionHook}
+    if hook_type is not None and hook_type not in hook_types:
+        raise MltraceValueError(f"get_hook(hook_type={hook_type!r}): use one of {sorted(hook_types)} or None")
+    if hook_type is None and create_if_not_exists:
+        raise MltraceValueError("get_hook(create_if_not_exists=True) needs the hook_type to create: "
+                                "'keras', 'session' or 'estimator'")
+    hook_class = hook_types[hook_type] if hook_type is not None else TFHookAPI
+
+    def front(core: Hook) -> Any:
+        return core.adapter.owner if isinstance(core.adapter, TFAdapter) else None
+
+    return cast("TFHookAPI | None", hook_of_class(hook_class, front, json_config_path, create_if_not_exists))
 
 
 def get_collection(name: str, create: bool = True) -> Collection:

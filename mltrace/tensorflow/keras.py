@@ -288,14 +288,15 @@ class KerasAdapter(TFAdapter):
 
     @guarded()
     def loop_end(self, mode: ModeKeys) -> None:
-        """fit / evaluate / predict ended: write its last step now (it is readable before close)."""
+        """fit / evaluate / predict ended: write its last step and wait until its files are
+        stored (the trial is readable right after fit returns; close() also marks it finished)."""
         self._loops = max(0, self._loops - 1)
         if mode is ModeKeys.TRAIN:
             self._fit_depth = max(0, self._fit_depth - 1)
         elif mode is ModeKeys.EVAL and self._fit_depth:
             return  # validation inside fit: the epoch's logs still go into this step
         self.tracing_captures = None
-        self.hook.end_step()
+        self.hook.flush()
 
 
 def _log_collection(key: str) -> str:

@@ -24,7 +24,7 @@ from mltrace.collections import CollectionKeys
 from mltrace.exceptions import MltraceTypeError
 from mltrace.tensorflow._api import TFHookAPI
 from mltrace.tensorflow._core import BY_NAME_ONLY, TFAdapter
-from mltrace.tensorflow.collection import TORNASOLE_INCLUDE_COLLECTIONS
+from mltrace.tensorflow.collection import DEFAULT_COLLECTIONS, TORNASOLE_INCLUDE_COLLECTIONS
 
 _SKIP_DTYPES = (tf.resource, tf.variant, tf.string)
 _PLACEHOLDERS = ("Placeholder", "PlaceholderV2")
@@ -57,6 +57,16 @@ class SessionAdapter(TFAdapter):
 
         self.patch(optimizer, "apply_gradients", apply_gradients)
         self._v1_optimizers.append(optimizer)
+
+    def on_prepare(self) -> None:
+        """As smdebug's SessionHook, ``gradients`` holds the gradients a wrapped optimizer
+        applies, by name: its default regex (``^gradient``, for Keras and tape names) would also
+        take every backprop tensor of the graph's ``gradients/`` scope, in the collections file
+        that readers match names against (with save_all, dozens on a one-layer model)."""
+        super().on_prepare()
+        grads = self.hook.collection_manager.get(CollectionKeys.GRADIENTS)
+        if grads.include_regex == DEFAULT_COLLECTIONS[CollectionKeys.GRADIENTS]:
+            grads.include_regex = []
 
     @guarded()
     def begin(self) -> None:
@@ -142,8 +152,9 @@ class SessionAdapter(TFAdapter):
 
     @guarded()
     def session_end(self) -> None:
-        """The session ends: write its last step."""
-        self.hook.end_step()
+        """The session ends: write its last step and wait until its files are stored (the trial
+        is readable right after the session closes; close() also marks it finished)."""
+        self.hook.flush()
 
     def _placeholders_of(self, tensor: tf.Tensor) -> frozenset[str]:
         """Names of the placeholder ops ``tensor`` depends on (it can be fetched only if fed)."""

@@ -14,18 +14,25 @@ Example:
 from mltrace import modes
 from mltrace.collections import Collection, CollectionKeys
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
-from mltrace.hook import get_hook
+from mltrace.hook import del_hook, set_hook
 from mltrace.trials import create_trial
 from mltrace.xgboost.collection import (
     DEFAULT_COLLECTIONS,
     DEFAULT_INCLUDE_COLLECTIONS,
     DEFAULT_SAVE_INTERVAL,
 )
-from mltrace.xgboost.hook import Hook, add_to_collection, create_from_json_file, get_collection
+from mltrace.xgboost.hook import (
+    Hook,
+    add_to_collection,
+    create_from_json_file,
+    get_collection,
+    get_hook,
+)
 
 __all__ = [
     "Hook", "Collection", "CollectionKeys", "SaveConfig", "SaveConfigMode",
-    "ReductionConfig", "modes", "get_collection", "add_to_collection", "get_hook", "create_trial",
+    "ReductionConfig", "modes", "get_collection", "add_to_collection", "get_hook", "set_hook",
+    "del_hook", "create_trial",
     "create_from_json_file", "DEFAULT_COLLECTIONS", "DEFAULT_INCLUDE_COLLECTIONS",
     "DEFAULT_SAVE_INTERVAL",
 ]

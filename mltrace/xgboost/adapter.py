@@ -161,9 +161,8 @@ class XGBoostAdapter(Adapter):
         if hook.stop_requested is not None:
             logger.warning("training stopped on a rule's request: closing the trial")
             hook.close()
-        elif hook.writer is not None:
-            hook.outputs.write_collections()
-            hook.writer.flush()
+        else:
+            hook.flush()
 
     def _round_of(self, model: Any, epoch: int) -> int:
         """The boosting round just done: the model's round count - 1 (equal to ``epoch`` unless

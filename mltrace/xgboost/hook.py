@@ -57,7 +57,8 @@ from mltrace.capture.options import HookOptions
 from mltrace.collections import Collection
 from mltrace.config import ReductionConfig, SaveConfig
 from mltrace.hook import Hook as CoreHook
-from mltrace.hook import get_hook
+from mltrace.hook import get_hook as _current_hook
+from mltrace.hook import hook_of_class
 from mltrace.json_config import create_hook_from_config
 from mltrace.xgboost.adapter import XGBoostAdapter
 from mltrace.xgboost.collection import (
@@ -72,7 +73,16 @@ logger = logging.getLogger(__name__)
 
 def get_collection(name: str, create: bool = True) -> Collection:
     """The collection ``name`` of the current XGBoost hook, or of the hook about to be created."""
-    return pending.of(get_hook(), Hook, name, create)
+    return pending.of(_current_hook(), Hook, name, create)
+
+
+def get_hook(json_config_path: str | None = None, create_if_not_exists: bool = True) -> Hook | None:
+    """The current XGBoost hook (smdebug's ``get_hook``): the one created last or given to
+    ``set_hook``; else one built from the JSON configuration (``json_config_path``, else
+    ``MLTRACE_CONFIG_FILE_PATH`` / ``SMDEBUG_CONFIG_FILE_PATH``), or None if there is none.
+    smdebug's XGBoost ``get_hook`` always tried to create one; pass ``create_if_not_exists=False``
+    to only look."""
+    return hook_of_class(Hook, lambda core: core, json_config_path, create_if_not_exists)
 
 
 def add_to_collection(collection_name: str, args: Any) -> None:
@@ -211,5 +221,5 @@ def create_from_json_file(json_file_path: str | None = None) -> Hook:
 
 xgb.callback.TrainingCallback.register(Hook)
 
-__all__ = ["Hook", "get_collection", "add_to_collection", "create_from_json_file",
+__all__ = ["Hook", "get_hook", "get_collection", "add_to_collection", "create_from_json_file",
            "DEFAULT_COLLECTIONS", "DEFAULT_INCLUDE_COLLECTIONS", "DEFAULT_SAVE_INTERVAL"]
