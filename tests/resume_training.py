@@ -7,7 +7,8 @@ Usage: python resume_training.py OUT_DIR CKPT_DIR LIB STEPS [DIE_AT]
   a linear model for STEPS training steps in all, starting after the newest ``ckpt_<i>.pt`` in
   CKPT_DIR if there is one, and saves a checkpoint every CKPT_EVERY steps under a new name (as
   jobs that keep several do). With DIE_AT it ends itself with ``os._exit`` right after that
-  step's forward pass, as a preempted instance stops: no close, no atexit. The environment names
+  step's forward pass, as a preempted instance stops: no close, no atexit (mltrace's hook first
+  waits for its files, see below). The environment names
   the checkpoint configuration file (CHECKPOINT_CONFIG_FILE_PATH).
 """
 
@@ -54,6 +55,11 @@ def main(out_dir: str, ckpt_dir: str, lib: str, steps: int, die_at: int | None) 
         x, y = batch(i)
         loss = loss_fn(model(x), y)
         if i == die_at:
+            if hasattr(hook, "flush"):
+                # mltrace writes files on a background thread, and a hard exit loses what it had
+                # not written yet (tests/test_crash_sigkill.py); smdebug wrote each step on the
+                # training thread. Dying once the files are stored keeps the comparison exact.
+                hook.flush()
             os._exit(0)
         loss.backward()
         opt.step()
