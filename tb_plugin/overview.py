@@ -10,6 +10,7 @@ A cell is ``low``/``high`` (finite minimum and maximum of the bucket, null when 
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,10 @@ from tb_plugin import rules_view
 
 #: The collection the overview opens on when the trial has it (what goes wrong first in training).
 DEFAULT_COLLECTION = "gradients"
+#: Seconds one answer spends reading steps not read before; the rest comes with the next asks
+#: (the answer says ``complete`` false and the tab asks again), so a first look at a long run
+#: is quick and fills in, coarse first.
+READ_BUDGET_S = 1.0
 
 
 def default_collection(members: dict[str, list[str]]) -> str:
@@ -79,6 +84,7 @@ def overview(
     columns: int,
     pattern: str | None,
     cache: heatmap.StatisticCache,
+    budget_s: float | None = READ_BUDGET_S,
 ) -> dict[str, Any]:
     """The overview of one trial (see the module docstring).
 
@@ -88,6 +94,7 @@ def overview(
         mode: only this mode's steps (None: all, on the global step axis).
         columns: at most this many step buckets.
         pattern: keep only tensors whose names match (see :func:`name_filter`).
+        budget_s: seconds spent reading new steps (None: read them all before answering).
 
     Raises:
         MltraceValueError: an unknown collection or statistic.
@@ -104,7 +111,9 @@ def overview(
     if pattern:
         rx = name_filter(pattern)
         names = [n for n in names if rx.search(n)]
-    found = heatmap.tensor_heatmap(trial, names, statistic, mode, columns, cache=cache)
+    deadline = None if budget_s is None else time.monotonic() + budget_s
+    found = heatmap.tensor_heatmap(trial, names, statistic, mode, columns, cache=cache,
+                                   deadline=deadline)
     out: dict[str, Any] = {
         "run": trial.name,
         "collection": collection,
@@ -119,6 +128,7 @@ def overview(
         "start_modes": _step_labels(trial, found.starts),
         "steps": found.steps,
         "bucketed": found.bucketed,
+        "complete": found.complete,
         "rows": [_row(r) for r in found.rows],
         "findings": rules_view.findings(trial, names),
     }

@@ -91,6 +91,7 @@ def start_live(key, path) -> str:
     manager = CollectionManager()
     manager.add(Collection("gradients", include_regex=["^gradient/"]))
     writer.write_collections(manager.to_json())
+    writer.flush()
     _LIVE[str(key)] = (writer, str(path))
     return str(path)
 
@@ -105,6 +106,7 @@ def write_live_steps(key, steps, names: list[str]) -> None:
         for n in names:
             writer.add_tensor(red(n, "l2"), np.float64(s + 1), ModeKeys.TRAIN, s, wall_time=1.0)
         writer.close_step()
+    writer.flush()  # files are written by the writer's thread: on disk now, as a hook's flush
 
 
 def end_live(key) -> None:

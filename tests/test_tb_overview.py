@@ -182,6 +182,7 @@ def test_a_live_trial_shows_new_tensors_and_steps(tmp_path):
         for n in names:
             writer.add_tensor(red(n, "l2"), np.float64(s + 1), ModeKeys.TRAIN, s, wall_time=1.0)
         writer.close_step()
+        writer.flush()  # the writer's thread puts the files on disk
 
     for s in range(3):
         step(s, ["gradient/a"])
@@ -212,6 +213,34 @@ def test_heatmap_reads_each_step_once(root, monkeypatch):
     monkeypatch.setattr(Trial, "read_tensors", lambda self, locs: calls.append(len(locs)) or real(self, locs))
     again = tensor_heatmap(trial, names, "l2", cache=cache)
     assert calls == [] and again.steps == STEPS
+
+
+def test_a_first_look_within_a_deadline_is_coarse_first_then_fills_in(root):
+    """With a deadline, an answer comes with what was read so far (``complete`` False) and the
+    next asks go on where it stopped, coarse first: the end is the same matrix as reading all."""
+    import time
+
+    trial = create_trial(str(root / "big"))
+    names = [f"gradient/layer{k}.weight" for k in range(3)]
+    cache = StatisticCache()
+    first = tensor_heatmap(trial, names, "l2", columns=50, cache=cache, deadline=time.monotonic())
+    assert not first.complete and all(int(r.count.sum()) < STEPS for r in first.rows)
+    answers = 1
+    found = first
+    while not found.complete:
+        found = tensor_heatmap(trial, names, "l2", columns=50, cache=cache, deadline=time.monotonic() + 0.01)
+        answers += 1
+        assert answers < 100
+    whole = tensor_heatmap(trial, names, "l2", columns=50)
+    assert answers > 1 and found.starts == whole.starts
+    for got, want in zip(found.rows, whole.rows):
+        assert np.array_equal(got.count, want.count) and np.array_equal(got.nan, want.nan)
+        assert np.allclose(got.high, want.high, equal_nan=True) and np.allclose(got.low, want.low, equal_nan=True)
+    # the pass with stride 64 reads every 64th step of each tensor before any finer one
+    coarse = StatisticCache()
+    tensor_heatmap(trial, names[:1], "l2", cache=coarse, deadline=time.monotonic() + 0.5)
+    got = coarse.get((trial.path, names[0], "l2", None))
+    assert set(range(0, STEPS, 64)) <= set(got.steps.tolist())
 
 
 # -- routes --------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ non-finite step among 10,000 still shows. Values are read once per step and kept
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 #: The statistics the overview offers: sizes (log colour), and the two counts of trouble.
 OVERVIEW_STATISTICS = ("l2", "abs_max", "nan_count", "zero_fraction")
 DEFAULT_COLUMNS = 400
+#: Strides of the passes a deadline-bound heat map reads in: a coarse picture of the whole run first.
+COARSE_FIRST = (64, 16, 4, 1)
 #: What a batch read of stored reductions may raise; the steps are then read one by one.
 _BATCH_FAILS: tuple[type[Exception], ...] = (OSError, *UNREADABLE)
 MAX_COLUMNS = 2000
@@ -41,6 +44,11 @@ class StepValues:
 
     steps: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     values: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.float64))
+    #: What the trial's index looked like when every step was last read (a later look with the
+    #: same signature has nothing new to read).
+    signature: tuple[int, bool, int] | None = None
+    #: The stride of the coarsest-first pass (COARSE_FIRST) this entry has read in full.
+    stride_read: int | None = None
 
     def extend(self, steps: Sequence[int], values: Sequence[float]) -> None:
         """Add steps (any order, none known yet) and keep the arrays sorted by step."""
@@ -90,18 +98,29 @@ def statistic_steps(
     worker: str | None = None,
     cache: StatisticCache | None = None,
     damaged: list[Damaged] | None = None,
+    only: set[int] | None = None,
 ) -> StepValues:
     """``statistic`` of ``tensor`` at every complete global step that has it (any mode).
 
     A stored reduction is read in one batch of records (no raw value read); a step that stored
     none gets it computed from its raw value. Unreadable steps are left out and appended to
     ``damaged``; they are not cached (the file may be restored).
+
+    Args:
+        only: read only these global steps now (the others stay for a later call).
     """
     name, is_abs = parse_statistic(statistic)
     entries = trial.index_entries(tensor)
     known = cache.get((trial.path, tensor, statistic, worker)) if cache is not None else StepValues()
+    present = entries.global_steps()
+    signature = (len(present), trial.loaded_all_steps, trial.last_complete_step)
+    if known.signature == signature or (only is not None and not only):
+        return known
     have = set(known.steps.tolist())
-    new = sorted(s for s in entries.global_steps() if s not in have and trial.is_step_complete(s))
+    new = sorted(s for s in present
+                 if s not in have and (only is None or s in only) and trial.is_step_complete(s))
+    if only is None:
+        known.signature = signature  # every step read: next time only a changed index reads
     if not new:
         return known
     stored: list[tuple[int, Any]] = []  # (step, Location of the stored reduction)
@@ -163,6 +182,7 @@ class Heatmap:
         steps: how many distinct global steps the rows hold in all; ``bucketed``: whether
             buckets hold more than one step (the matrix is then cut down, min/max per bucket).
         damaged: steps left out because their records cannot be read.
+        complete: False when a deadline stopped the reading before every step was read.
     """
 
     statistic: str
@@ -172,6 +192,8 @@ class Heatmap:
     steps: int
     rows: list[HeatmapRow]
     damaged: list[Damaged] = field(default_factory=list)
+    #: False when a deadline stopped the reading: the matrix shows the steps read so far.
+    complete: bool = True
 
     @property
     def bucketed(self) -> bool:
@@ -196,6 +218,7 @@ def tensor_heatmap(
     columns: int = DEFAULT_COLUMNS,
     worker: str | None = None,
     cache: StatisticCache | None = None,
+    deadline: float | None = None,
 ) -> Heatmap:
     """``statistic`` of each of ``tensors`` over the global steps of ``trial``, bucketed.
 
@@ -207,6 +230,10 @@ def tensor_heatmap(
         columns: at most this many buckets (1 to MAX_COLUMNS).
         worker: whose values (default: each step's first worker).
         cache: keeps what was read for the next call.
+        deadline: a ``time.monotonic()`` after which no more steps are read: the heat map is
+            then built from what was read so far (``complete`` False; call again to go on).
+            Steps are read coarse first (every 64th, then 16th, 4th, all), so an early answer
+            already spans the whole run.
 
     Raises:
         MltraceValueError: an unknown statistic or a column count out of range.
@@ -216,14 +243,34 @@ def tensor_heatmap(
         raise MltraceValueError(f"columns={columns} is out of range: give 1 to {MAX_COLUMNS}")
     trial.maybe_refresh()
     damaged: list[Damaged] = []
-    found = [(t, statistic_steps(trial, t, statistic, worker, cache, damaged)) for t in tensors]
+    if cache is None:
+        cache = StatisticCache()
+    complete = True
+    if deadline is not None:
+        every = trial.saved_steps(ModeKeys.GLOBAL)
+        for stride in COARSE_FIRST:
+            subset = set(every[::stride]) if stride > 1 else None
+            for t in tensors:
+                entry = cache.get((trial.path, t, statistic, worker))
+                if entry.stride_read is not None and entry.stride_read <= stride:
+                    continue
+                if time.monotonic() > deadline:
+                    complete = False
+                    break
+                statistic_steps(trial, t, statistic, worker, cache, damaged, subset)
+                entry.stride_read = stride
+            if not complete:
+                break
+    nothing: set[int] = set()
+    found = [(t, statistic_steps(trial, t, statistic, worker, cache, damaged,
+                                 None if complete else nothing)) for t in tensors]
     if mode is not None:
         in_mode = {g for g in (trial.to_global_step(s, mode) for s in trial.saved_steps(mode))
                    if g is not None}
         keep = np.fromiter(sorted(in_mode), dtype=np.int64)
         found = [(t, _only(sv, keep)) for t, sv in found]
     out = bucket_rows(found, statistic, columns)
-    out.mode, out.damaged = mode, damaged
+    out.mode, out.damaged, out.complete = mode, damaged, complete
     return out
 
 

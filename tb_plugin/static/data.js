@@ -198,7 +198,7 @@ export function seriesLines(answer, statistics, perWorker) {
       for (const [worker, d] of groups) {
         for (const stat of statistics) {
           if (!d.values[stat]) continue;
-          const label = [several ? run.run : "", mode, worker, stat].filter(Boolean).join(" · ");
+          const label = [several ? run.run : "", mode === "GLOBAL" ? "" : mode, worker, stat].filter(Boolean).join(" · ");
           lines.push({label, run: run.run, mode, worker, statistic: stat, x: d.global_steps,
             modeSteps: d.steps, y: d.values[stat].map((v) => (v === null ? null : num(v)))});
         }

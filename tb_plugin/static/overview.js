@@ -54,8 +54,9 @@ export async function overviewPanel(ctx) {
   ctx.root.append(head, box);
   note(box, "Loading the overview…");
   const width = Math.max(300, (ctx.root.clientWidth || 1000) - LABEL_W - 40);
-  const answer = await getJSON("overview", {run, collection: s.collection, statistic: s.statistic,
+  const ask = () => getJSON("overview", {run, collection: s.collection, statistic: s.statistic,
     mode: s.overviewMode, columns: Math.min(2000, Math.floor(width))}, ctx.signal);
+  let answer = await ask();
   if (!ctx.alive()) return;
   s.collection = answer.collection;
   const draw = () => {
@@ -64,6 +65,13 @@ export async function overviewPanel(ctx) {
   };
   clear(head).append(controls(ctx, answer, draw));
   draw();
+  // A first look at a long run answers within a second with the steps read so far (coarse
+  // first); ask again until every step is in.
+  while (!answer.complete) {
+    answer = await ask();
+    if (!ctx.alive()) return;
+    draw();
+  }
 }
 
 function drawOverview(ctx, answer, box) {
@@ -73,7 +81,8 @@ function drawOverview(ctx, answer, box) {
     `${answer.run}: ${rows.length} of ${answer.tensors_in_collection} tensors` +
     `${answer.collection ? ` in ${answer.collection}` : ""}, ${answer.steps} global steps` +
     (answer.bucketed ? ` in ${cols} columns (each the min–max of its steps; no NaN or inf is left out)` : "") +
-    (answer.damaged ? `; ${answer.damaged.length} unreadable steps left out` : ""));
+    (answer.damaged ? `; ${answer.damaged.length} unreadable steps left out` : "") +
+    (answer.complete ? "" : " — reading the steps (a coarse picture first, it fills in)…"));
   box.append(info);
   if (!rows.length || !cols) {
     box.append(el("div", {class: "mt-note"}, rows.length ? "No step saved yet." : "No tensor matches."));

@@ -95,6 +95,8 @@ test("lines for runs, modes and workers on the global step axis", () => {
   assert.deepEqual(lines[1].x, [3]);
   const split = d.seriesLines(SERIES, ["l2"], true);
   assert.deepEqual(split.map((l) => l.label), ["a · TRAIN · worker_0 · l2", "a · TRAIN · worker_1 · l2", "a · EVAL · l2", "b · TRAIN · l2"]);
+  const global = {runs: [{run: "a", modes: {GLOBAL: {steps: [0], global_steps: [0], values: {l2: [1]}}}}]};
+  assert.deepEqual(d.seriesLines(global, ["l2"], false).map((l) => l.label), ["l2"]);
 });
 
 test("aligned lines: a log axis keeps zeros on a floor, NaN is a gap that is counted", () => {
