@@ -73,15 +73,26 @@ class MltraceCallback(TrainerCallback):
     # -- Trainer events ---------------------------------------------------------------------------
     def on_init_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         """The Trainer is built: build the hook and register the model (user errors raise here)."""
-        if model is None or self.capture.hook is not None:
+        self._attach(args, model)
+
+    def _attach(self, args: Any, model: Any) -> None:
+        if model is None:
             return
-        self.errors = self.capture.attach(model, args.output_dir).errors
-        model.register_forward_pre_hook(self._before_forward, prepend=True)
-        model.register_forward_hook(self._after_forward)
+        before = self.capture.hook
+        hook = self.capture.attach(model, args.output_dir)
+        if hook is not before:
+            self.errors = hook.errors
+            model.register_forward_pre_hook(self._before_forward, prepend=True)
+            model.register_forward_hook(self._after_forward)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        """After the MLflowCallback opened its run (it comes first in the Trainer's list). A
+        Trainer built with ``model_init`` has its model only now."""
+        self._attach(args, model)
+        self._join_mlflow(args)
 
     @guarded()
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """After the MLflowCallback opened its run (it comes first in the Trainer's list)."""
+    def _join_mlflow(self, args: Any) -> None:
         self.capture.attach_mlflow(_mlflow_options(args))
 
     @guarded()

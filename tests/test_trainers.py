@@ -223,6 +223,15 @@ def loader(n: int, batch: int, seed: int = 0) -> torch.utils.data.DataLoader:
     return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=batch)
 
 
+@pytest.fixture
+def mlflow_logger_uri(monkeypatch):
+    """MLFlowLogger calls mlflow.set_tracking_uri (process-wide): undone after the test."""
+    yield
+    import mlflow
+
+    mlflow.set_tracking_uri(None)
+
+
 def pl_trainer(tmp_path, callback, logger=False) -> L.Trainer:
     return L.Trainer(max_epochs=2, accumulate_grad_batches=2, callbacks=[callback], logger=logger,
                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -267,7 +276,7 @@ def test_lightning_saves_each_optimizer_step_in_its_loop_mode(tmp_path):
     assert quiet.fired_steps == []
 
 
-def test_lightning_shares_the_mlflow_loggers_run(tracking, tmp_path, monkeypatch):
+def test_lightning_shares_the_mlflow_loggers_run(tracking, tmp_path, monkeypatch, mlflow_logger_uri):
     from lightning.pytorch.loggers import MLFlowLogger
 
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.1")
@@ -295,7 +304,8 @@ def test_lightning_shares_the_mlflow_loggers_run(tracking, tmp_path, monkeypatch
     assert client.get_metric_history(run.info.run_id, "system/cpu_utilization_percentage")
 
 
-def test_lightning_mlflow_logger_on_a_file_store_never_stops_training(tmp_path, monkeypatch, caplog):
+def test_lightning_mlflow_logger_on_a_file_store_never_stops_training(tmp_path, monkeypatch, caplog,
+                                                                     mlflow_logger_uri):
     """MLFlowLogger's default store is MLflow's deprecated file store, which mltrace refuses:
     mltrace says so and why, and training and the trial go on."""
     from lightning.pytorch.loggers import MLFlowLogger
@@ -311,3 +321,16 @@ def test_lightning_mlflow_logger_on_a_file_store_never_stops_training(tmp_path, 
     assert "mltrace does not log to MLflow" in caplog.text and "file store" in caplog.text
     assert create_trial(str(tmp_path / "trial")).steps(mode=TRAIN) == [0, 1, 2, 3]
     assert callback.hook.sinks == []
+
+
+def test_transformers_model_init_registers_the_model_at_train_begin(tmp_path):
+    """A Trainer built with model_init (hyperparameter search) has no model at on_init_end."""
+    callback = MltraceCallback(out_dir=str(tmp_path / "trial"), save_config=mltrace.SaveConfig(save_interval=1),
+                               include_collections=["gradients", "losses"])
+    args = TrainingArguments(output_dir=str(tmp_path / "hf"), per_device_train_batch_size=4, max_steps=2,
+                             report_to="none", use_cpu=True, save_strategy="no", disable_tqdm=True)
+    Trainer(model_init=tiny_bert, args=args, train_dataset=Tokens(16, 1), callbacks=[callback]).train()
+    callback.close()
+    trial = create_trial(str(tmp_path / "trial"))
+    assert trial.steps(mode=TRAIN) == [0, 1]
+    assert trial.tensor("gradient/BertForSequenceClassification_classifier.weight").steps(mode=TRAIN) == [0, 1]

@@ -74,9 +74,18 @@ class TrainerCapture:
         self._mlflow_attached = False
 
     def attach(self, model: torch.nn.Module, default_dir: str) -> Any:
-        """Build the hook (once) and register ``model``; returns the hook."""
+        """Build the hook and register ``model``; returns the hook. Once steps are recorded,
+        the hook stays; a trainer that replaces its model before that (Transformers'
+        ``model_init`` builds a new one when training begins) gets a new hook for the new one."""
         if self.hook is not None:
-            return self.hook
+            if any(m is model for m in self.hook.torch.modules):
+                return self.hook
+            if self.hook.clock.started:
+                logger.warning("the trainer trains another model than the one mltrace records "
+                               "(%s): its tensors are not saved", type(model).__name__)
+                return self.hook
+            self.hook.close()  # it wrote nothing yet: no file is left behind
+            self.hook = None
         from mltrace.pytorch import Hook
 
         out_dir = self.out_dir or os.path.join(default_dir, "mltrace")
