@@ -31,7 +31,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from mlflow_plugin import _keys, _tracking
+from mlflow_plugin import _keys, _tracking, links
 from mlflow_plugin._table import comparison_text
 from mltrace import analysis
 from mltrace.exceptions import MltraceError, MltraceValueError
@@ -362,7 +362,7 @@ def _log(client: Any, result: Comparison, runs: list[Any], experiments: Any, fil
     for path in (result.table_path, result.json_path, result.plot_path):
         if path:
             client.log_artifact(run.info.run_id, path, "comparison")
-    client.set_terminated(run.info.run_id, "FINISHED")
+    links.end_run(client, run.info.run_id, "FINISHED")
     return run.info.run_id
 
 

@@ -85,8 +85,26 @@ def _cell(text: Any) -> str:
 def training_description(trial: Trial | None, location: str,
                          findings: dict[str, dict[str, str]], experiment_id: str | None = None,
                          ) -> str:
-    """mltrace's part of the description (Markdown between the markers)."""
-    out = [START, "#### mltrace", f"Trial: `{location}`"]
+    """mltrace's part of the description (Markdown between the markers): the findings first (the
+    UI folds long descriptions after a few lines), then the trial, its steps and collections."""
+    out = [START]
+    if not findings:
+        out += ["#### mltrace: no rule has run on this trial yet", ""]
+    else:
+        fired = sum(f.get("status") == "IssuesFound" for f in findings.values())
+        out += [f"#### mltrace: {fired} of {len(findings)} rules found issues", "",
+                "| rule | status | first found at | message |", "|---|---|---|---|"]
+        for rule, f in sorted(findings.items(),
+                              key=lambda kv: (_ORDER.get(kv[1].get("status", ""), 9), kv[0])):
+            status = f.get("status", "?")
+            name = rule
+            if f.get("run_id") and experiment_id:
+                name = f"[{rule}]({links.run_page(experiment_id, f['run_id'])})"
+            where = step_text(trial, f["first_step"]) if f.get("first_step") else "-"
+            out.append(f"| {name} | {_ICON.get(status, '')} {status} | {where} | "
+                       f"{_cell(f.get('message') or '-')} |")
+        out.append("")
+    out.append(f"Trial: `{location}`")
     if trial is not None:
         info = analysis.trial_overview(trial)
         state = "training ended" if info.ended else "training in progress"
@@ -97,24 +115,6 @@ def training_description(trial: Trial | None, location: str,
         out.append(f"Collections (tensors): {colls or 'none yet'}.")
     out.append("Steps are global steps (every step of every mode, the x axis of mltrace's "
                "metrics and TensorBoard tab); the mode's own step is in brackets.")
-    out.append("")
-    if not findings:
-        out.append("Rules: none has run on this trial yet.")
-    else:
-        fired = sum(f.get("status") == "IssuesFound" for f in findings.values())
-        out.append(f"Rules: {fired} of {len(findings)} found issues.")
-        out.append("")
-        out.append("| rule | status | first found at | message |")
-        out.append("|---|---|---|---|")
-        for rule, f in sorted(findings.items(),
-                              key=lambda kv: (_ORDER.get(kv[1].get("status", ""), 9), kv[0])):
-            status = f.get("status", "?")
-            name = rule
-            if f.get("run_id") and experiment_id:
-                name = f"[{rule}]({links.run_page(experiment_id, f['run_id'])})"
-            where = step_text(trial, f["first_step"]) if f.get("first_step") else "-"
-            out.append(f"| {name} | {_ICON.get(status, '')} {status} | {where} | "
-                       f"{_cell(f.get('message') or '-')} |")
     out.append(END)
     return "\n".join(out)
 

@@ -265,7 +265,7 @@ class MlflowRuleListener:
                                       f"{_keys.ARTIFACT_DIR}/traceback.txt")
         finally:
             failed = result.status == results.ERROR
-            state.client.set_terminated(state.run_id, "FAILED" if failed else "FINISHED")
+            links.end_run(state.client, state.run_id, "FAILED" if failed else "FINISHED")
 
     # -- helpers ----------------------------------------------------------------------------
     def _show_status(self, rule: Any, result: results.RuleResult, state: _RuleRun,

@@ -49,7 +49,7 @@ import threading
 import time
 from typing import Any
 
-from mlflow_plugin import _keys, _system_metrics, _tracking, _transport
+from mlflow_plugin import _keys, _system_metrics, _tracking, _transport, links
 from mltrace import __version__
 from mltrace.exceptions import MltraceRuntimeError, MltraceValueError
 from mltrace.format import paths
@@ -589,9 +589,10 @@ class MlflowSink:
 
                 active = mlflow.active_run()
                 if active is not None and active.info.run_id == self.run_id:
-                    mlflow.end_run(status)
+                    links.end_run(self.client, self.run_id, status,
+                                  end=lambda: mlflow.end_run(status))
                     return
-            self.client.set_terminated(self.run_id, status)
+            links.end_run(self.client, self.run_id, status)
         except Exception as exc:
             logger.warning("could not end MLflow run %s: %s", self.run_id, exc)
 

@@ -43,7 +43,7 @@ def test_training_run_describes_trial_and_findings_and_rule_runs_show_status(tra
     assert experiment.tags[links.EXPERIMENT_KIND_TAG] == links.MACHINE_LEARNING_KIND
     note = client.get_run(run_id).data.tags[description.NOTE_TAG]
     assert "TRAIN 6 (global 0..5), EVAL 3 (global 6..8 = EVAL 0..2)" in note
-    assert "gradients (4), losses (1), weights (2)" in note and "none has run" in note
+    assert "gradients (4), losses (1), weights (2)" in note and "no rule has run" in note
     client.set_tag(run_id, description.NOTE_TAG, "My own notes: lr too high?\n\n" + note)
 
     trial = create_trial(str(tmp_path / "trial"))
@@ -53,8 +53,8 @@ def test_training_run_describes_trial_and_findings_and_rule_runs_show_status(tra
 
     note = client.get_run(run_id).data.tags[description.NOTE_TAG]
     assert note.startswith("My own notes: lr too high?")  # the user's text stays, ours is rewritten
-    assert note.count(description.START) == 1 and "none has run" not in note
-    assert "Rules: 2 of 3 found issues." in note
+    assert note.count(description.START) == 1 and "no rule has run" not in note
+    assert "#### mltrace: 2 of 3 rules found issues" in note
     rows = [line for line in note.splitlines() if line.startswith("| [")]
     assert [r.split("]")[0][3:] for r in rows] == ["VanishingGradient", "_Chatty", "ExplodingTensor"]
     assert "global step 0 (TRAIN step 0)" in rows[0] and fired.message.replace("|", "\\|") in rows[0]

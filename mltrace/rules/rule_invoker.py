@@ -319,9 +319,7 @@ def _run_one(run: _Run, rule_name: str, rule_file: str | None, params: dict[str,
     elif result.status == results.NOTHING_CHECKED:
         summary += "; no tensor of the trial matched what the rule inspects (see its parameters)"
     print(summary)
-    if result.mlflow_url:
-        print(f"  MLflow run: {result.mlflow_url}")
-    elif result.mlflow_run_id:
+    if result.mlflow_run_id and not result.mlflow_url:  # a server's link was printed at its end
         print(f"  MLflow run {result.mlflow_run_id} (experiment {result.mlflow_experiment_id}); "
               "open it in `mlflow ui` on that tracking store")
     return 1 if found else 0
