@@ -21,6 +21,10 @@ and losses during the first step, the hook's callbacks; its close at exit is not
 atexit runs after). The process's wall time is reported too (it adds mltrace's bootstrap, the
 imports and the hook's close). With interval 1000, steps 0, 1000, 2000 save.
 
+For comparison, the pytorch workload also runs in-process with the hook created and registered
+by the script (the original example's way, same collections, interval 1000): the hook's own
+cost, which ``mltrace run`` includes.
+
 Protocol (bench/README.md): one thread (OMP/MKL threads 1; ``torch.set_num_threads(1)`` follows
 from OMP_NUM_THREADS), one warm-up and ``--runs`` (5) measured runs per configuration, plain
 and mltrace run interleaved, the median reported. On a loaded machine read the CPU ratio (the
@@ -84,7 +88,10 @@ def run_once(workload: str, under_mltrace: bool, work: Path,
         command = [sys.executable, "-m", "mltrace", "run", "--config", str(STRIPPED / config),
                    "--out-dir", str(out_dir), "--save-interval", "1000", *command[1:]]
     start = time.perf_counter()
-    subprocess.run(command, cwd=work, env=env, check=True, stdout=subprocess.DEVNULL)
+    proc = subprocess.run(command, cwd=work, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed ({proc.returncode}):\n{proc.stderr}")
     wall = time.perf_counter() - start
     train, cpu = ast.literal_eval(result.read_text())
     return train, cpu, wall
@@ -108,6 +115,48 @@ def measure(workload: str, runs: int) -> dict[str, float]:
     return result
 
 
+def hook_in_the_script(runs: int, steps: int = 3000) -> dict[str, float]:
+    """The pytorch workload in this process, plain vs with the hook created and registered by
+    the script itself (what the example's mltrace lines do; interval 1000): the part of
+    ``mltrace run``'s cost that is the hook's own. Thread CPU time of the training loop."""
+    import torch
+    from torch import nn, optim
+
+    import mltrace.pytorch as smd
+
+    torch.set_num_threads(1)
+    sys.path.insert(0, str(STRIPPED))
+    example = __import__("pytorch_hook_demos")
+
+    def once(with_hook: bool, tmp: str, n: int) -> float:
+        torch.manual_seed(0)
+        model = example.Net()
+        optimizer = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        loss_fn = nn.NLLLoss()
+        hook = None
+        if with_hook:
+            hook = smd.Hook(out_dir=tempfile.mkdtemp(dir=tmp), include_collections=[
+                "weights", "biases", "gradients"], save_config=smd.SaveConfig(save_interval=1000))
+            hook.register_module(model)
+            hook.register_loss(loss_fn)
+        start = time.thread_time()
+        example.train(model, optimizer, loss_fn, n, 32, 0)
+        elapsed = time.thread_time() - start
+        if hook is not None:
+            hook.close()
+        return elapsed
+
+    times: dict[bool, list[float]] = {False: [], True: []}
+    with tempfile.TemporaryDirectory(prefix="mltrace-run-bench-") as tmp:
+        for index in range(runs + 1):
+            for with_hook in (False, True):
+                sample = once(with_hook, tmp, steps)
+                if index:
+                    times[with_hook].append(sample)
+    plain, hooked = statistics.median(times[False]), statistics.median(times[True])
+    return {"plain_cpu_s": plain, "hook_cpu_s": hooked, "cpu_ratio": hooked / plain}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -123,6 +172,12 @@ def main() -> None:
         print(f"{name:<10}" + "".join(
             f"{r[f'plain_{w}_s']:>13.3f}{r[f'run_{w}_s']:>11.3f}{r[f'{w}_ratio']:>7.3f}"
             for w in ("train", "cpu", "wall")))
+    if args.only is None or "pytorch" in args.only:
+        inside = hook_in_the_script(args.runs)
+        results["pytorch_hook_in_the_script"] = inside
+        print(f"pytorch, hook created by the script itself (in-process, training-loop thread CPU):"
+              f" plain {inside['plain_cpu_s']:.3f} s, with the hook {inside['hook_cpu_s']:.3f} s, "
+              f"ratio {inside['cpu_ratio']:.3f}")
     if args.json:
         print(json.dumps(results, indent=2))
 

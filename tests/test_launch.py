@@ -26,10 +26,12 @@ from torch import nn
 print("argv", sys.argv[1:], "name", __name__, "file", __file__.rsplit("/", 1)[-1])
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+augment = nn.Dropout(0.0)  # a module with no parameters, called twice a step: not a model
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 for _ in range(4):
     optimizer.zero_grad()
-    loss = F.cross_entropy(model(torch.randn(5, 4)), torch.randint(0, 3, (5,)))
+    x = augment(augment(torch.randn(5, 4)))
+    loss = F.cross_entropy(model(x), torch.randint(0, 3, (5,)))
     loss.backward()
     optimizer.step()
     print(f"loss {loss.item():.6f}")

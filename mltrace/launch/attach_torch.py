@@ -3,11 +3,12 @@
 Global module hooks (``torch.nn.modules.module.register_module_forward_pre_hook`` and
 ``register_module_forward_hook``) watch every module call while the first training step runs:
 
-- a module called at the top level (not from inside another module's forward) in training mode
-  with gradients enabled is a model: it is registered with the hook (DistributedDataParallel and
-  DataParallel are seen through, so tensor names are the model's own). The first one drives the
-  step (smdebug's forward-pre-hook step boundary); several (a GAN's generator and discriminator)
-  are each registered, named by their class;
+- a module with trainable parameters called at the top level (not from inside another
+  module's forward) in training mode with gradients enabled is a model: it is registered with
+  the hook (DistributedDataParallel and DataParallel are seen through, so tensor names are the
+  model's own). The first one drives the step (smdebug's forward-pre-hook step boundary);
+  several (a GAN's generator and discriminator) are each registered, named by their class;
+  modules without trainable parameters (data transforms) are not models;
 - a loss module (``torch.nn`` losses, or any module whose class name ends in ``Loss``) called at
   the top level is registered as a loss (``<LossClass>_output_0``);
 - a loss computed without a module (``F.cross_entropy``) is saved as ``loss_output_0`` when it is
@@ -96,6 +97,8 @@ class TorchAttachment:
         if mode_of(module) is not ModeKeys.TRAIN:
             return
         inner = unwrap_parallel(module)
+        if not any(p.requires_grad for p in inner.parameters()):
+            return  # nothing to train: a data transform (torchvision's are modules), a frozen net
         if any(inner is m for m in self.models) or not self._ensure_hook():
             return
         first = self.driver is None
