@@ -22,7 +22,9 @@ A hook built with ``strict=True`` raises the failure instead (``failures``, a ml
 
 Histograms are binned like torch's ``SummaryWriter.add_histogram(bins="tensorflow")`` (TF's
 exponential buckets, +-1e-12 growing by 1.1 up to 1e20, plus 0; empty outer buckets trimmed;
-values beyond +-1e20 fall outside, as there), so the bytes equal torch's for the same values.
+values beyond +-1e20 fall outside, as there; see mltrace.histogram_bins), so the bytes equal
+torch's for the same values. An adapter may bin a tensor where it lives (``add_binned_histogram``,
+e.g. on a GPU) so that only the counts reach the host.
 NaN and Inf are left out of a histogram (torch would write NaN min/max, which TensorBoard cannot
 draw); a tensor with no finite value gets none, and neither do bool, complex and empty tensors.
 """
@@ -50,6 +52,7 @@ from mltrace.format.events import (
     encode_scalar_event,
 )
 from mltrace.format.records import frame_record
+from mltrace.histogram_bins import DEFAULT_BINS, Binned, bin_values
 from mltrace.modes import ModeKeys
 from mltrace.storage import open_storage
 
@@ -67,49 +70,32 @@ _file_counter = itertools.count()
 _TAG_CHARS = re.compile(r"[^-/\w.]")
 
 
-def _exponential_bins() -> np.ndarray:
-    """TF's default histogram bucket edges, built the way torch's SummaryWriter builds them."""
-    v = 1e-12
-    buckets: list[float] = []
-    while v < 1e20:
-        buckets.append(v)
-        v *= 1.1
-    return np.array([-b for b in reversed(buckets)] + [0.0] + buckets)
-
-
-DEFAULT_BINS = _exponential_bins()
-
-
 def clean_tag(name: str) -> str:
     """A summary tag from a tensor name, as smdebug (and TF) make them: characters outside
     ``[-/\\w.]`` become ``_`` and leading ``/`` go."""
     return _TAG_CHARS.sub("_", name).lstrip("/")
 
 
-def histogram_fields(values: np.ndarray, bins: np.ndarray = DEFAULT_BINS) -> bytes | None:
-    """The encoded HistogramProto of ``values`` (its finite ones), or None if there are none.
+def histogram_fields(values: np.ndarray) -> bytes | None:
+    """The encoded HistogramProto of ``values`` (its finite ones), or None if there are none."""
+    binned = bin_values(values)
+    return None if binned is None else encode_binned(binned)
 
-    The binning follows torch's ``make_histogram`` step by step (numpy histogram on float64,
-    empty buckets trimmed but one kept on the left, as TensorBoard shows only right edges).
-    """
-    if values.dtype.kind not in "iuf" or values.size == 0:
-        return None
-    v = np.asarray(values, dtype=np.float64).reshape(-1)
-    if v.dtype.kind == "f":
-        finite = np.isfinite(v)
-        if not finite.all():
-            v = v[finite]
-        if v.size == 0:
-            return None
-    counts, limits = np.histogram(v, bins=bins)
+
+def encode_binned(binned: Binned) -> bytes | None:
+    """The encoded HistogramProto of a binned histogram, as torch's ``make_histogram`` writes
+    it: empty buckets trimmed at both ends but one kept on the left (TensorBoard shows only
+    right edges); None when every value lies beyond +-1e20 (no bucket holds one)."""
+    counts = binned.counts
     nonzero = np.cumsum(np.greater(counts, 0))
-    if nonzero[-1] == 0:  # every value beyond +-1e20
+    if nonzero[-1] == 0:
         return None
     start, end = np.searchsorted(nonzero, [0, nonzero[-1] - 1], side="right")
     start, end = int(start), int(end) + 1
     counts = counts[start - 1:end] if start > 0 else np.concatenate([[0], counts[:end]])
-    limits = limits[start:end + 1]
-    return encode_histogram(v.min(), v.max(), len(v), v.sum(), v.dot(v), limits, counts)
+    limits = DEFAULT_BINS[start:end + 1]
+    return encode_histogram(binned.min, binned.max, binned.num, binned.sum, binned.sum_squares,
+                            limits, counts.astype(np.float64))
 
 
 class TensorBoardWriter:
@@ -156,6 +142,12 @@ class TensorBoardWriter:
         if values.dtype.kind not in "iuf" or values.size == 0:
             return
         self._put(("h", mode, step, clean_tag(tag), np.array(values, copy=True),
+                   time.time() if wall_time is None else wall_time))
+
+    def add_binned_histogram(self, mode: ModeKeys, step: int, tag: str, binned: Binned,
+                             wall_time: float | None = None) -> None:
+        """Queue a histogram binned already (mltrace.histogram_bins' buckets)."""
+        self._put(("b", mode, step, clean_tag(tag), binned,
                    time.time() if wall_time is None else wall_time))
 
     def _put(self, item: object) -> None:
@@ -216,7 +208,7 @@ class TensorBoardWriter:
             if kind == "s":
                 payload = encode_scalar_event(tag, value, step, wall_time)
             else:
-                histo = histogram_fields(value)
+                histo = histogram_fields(value) if kind == "h" else encode_binned(value)
                 if histo is None:
                     return
                 payload = encode_histogram_event(tag, histo, step, wall_time)

@@ -184,9 +184,9 @@ def test_training_thread_does_not_wait_for_binning_or_disk(tmp_path, monkeypatch
     release = threading.Event()
     real = tbx.histogram_fields
 
-    def slow(values, bins=tbx.DEFAULT_BINS):
+    def slow(values):
         release.wait(10)
-        return real(values, bins)
+        return real(values)
 
     monkeypatch.setattr(tbx, "histogram_fields", slow)
     writer = tbx.TensorBoardWriter(str(tmp_path / "tb"))

@@ -27,6 +27,7 @@ from mltrace.capture.errors import ErrorPolicy
 from mltrace.collections import Collection, CollectionKeys
 from mltrace.exceptions import MltraceTypeError
 from mltrace.format import paths
+from mltrace.histogram_bins import Binned
 
 if TYPE_CHECKING:
     from mltrace.hook import Hook
@@ -96,6 +97,16 @@ class Adapter:
         optimizer updates weights in place). Default: the results, computed at once.
         """
         return self.reduce(value, items)
+
+    def bins_on_device(self, value: Any) -> bool:
+        """True if :meth:`device_histogram` bins ``value`` where it lives (an accelerator's
+        tensor); otherwise its TensorBoard histogram is binned from a host copy."""
+        return False
+
+    def device_histogram(self, value: Any) -> Binned | None:
+        """The histogram of ``value`` binned on its device, only the counts copied to the host
+        (mltrace.histogram_bins' buckets); None if it has no finite value."""
+        raise NotImplementedError(f"{type(self).__name__} bins no histogram on a device")
 
     def reductions_to_host(self, started: list[Any]) -> list[list[np.ndarray | None]]:
         """The results of the :meth:`reduce_on_device` handles ``started``, in their order (as

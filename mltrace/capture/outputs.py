@@ -175,12 +175,18 @@ class Outputs:
         assert self.tensorboard is not None
         scalar = any(c.name in SCALAR_COLLECTIONS for c in colls)
         histo = next((c for c in colls if c.save_histogram and c.name not in NON_REDUCTION_COLLECTIONS), None)
+        mode, step = self._clock.step_mode, self._clock.step
+        if histo is not None and not on_host and self._adapter.bins_on_device(value):
+            binned = self._adapter.device_histogram(value)  # only the counts leave the device
+            if binned is not None:
+                self.tensorboard.add_binned_histogram(mode, step, f"{histo.name}/{clean_tag(name)}",
+                                                      binned)
+            histo = None
         if not scalar and histo is None:
             return array
         if array is None:
             array = value if on_host else self._adapter.to_numpy(value)
         host = getattr(array, "to_float32", lambda: array)()  # bfloat16 bits -> their float32 values
-        mode, step = self._clock.step_mode, self._clock.step
         if scalar and host.size == 1 and host.dtype.kind in "biuf":
             self.tensorboard.add_scalar(mode, step, name, float(host.reshape(-1)[0]))
         if histo is not None:

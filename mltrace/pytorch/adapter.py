@@ -19,6 +19,7 @@ from mltrace.capture.plan import what_to_save
 from mltrace.collections import GRADIENT_PREFIX
 from mltrace.exceptions import MltraceTypeError, MltraceValueError
 from mltrace.format.tensors import BFloat16Bits
+from mltrace.histogram_bins import Binned
 from mltrace.hook import check_tensor_name
 from mltrace.modes import ModeKeys
 from mltrace.pytorch.compiled import (
@@ -31,6 +32,7 @@ from mltrace.pytorch.compiled import (
     tensors_in,
     unwrap,
 )
+from mltrace.pytorch.histograms import bins_on_device, device_histogram
 from mltrace.pytorch.optim import OptimizerSteps, ScalerWatch
 from mltrace.pytorch.reductions import QUANTILE_LIMIT, DeviceReductions, start_reductions
 from mltrace.pytorch.sharded import ReductionBatch, gather_full, is_sharded
@@ -146,6 +148,14 @@ class TorchAdapter(Adapter):
             raise MltraceTypeError(
                 f"cannot reduce a {type(value).__name__} (a torch.Tensor subclass): {exc}; save a "
                 "plain copy with hook.save_tensor(name, t.as_subclass(torch.Tensor))") from exc
+
+    def bins_on_device(self, value: Any) -> bool:
+        """Tensors on an accelerator are binned there (see mltrace.pytorch.histograms)."""
+        return bins_on_device(value)
+
+    def device_histogram(self, value: Any) -> Binned | None:
+        """The TensorBoard histogram of an accelerator's tensor, binned on it."""
+        return device_histogram(value)
 
     def reductions_to_host(self, started: list[Any]) -> list[list[np.ndarray | None]]:
         """The results of a step's reductions: those left on a device are concatenated and
