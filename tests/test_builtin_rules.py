@@ -155,7 +155,7 @@ def test_gradient_norm_vs_baseline_matches_mode_steps(tmp_path):
     run = write_trial(tmp_path / "run", steps, modes=modes,
                       collections={"gradients": ["^gradient"]})
     result = fires(3, GradientNormVsBaseline, run, create_trial(baseline), steps=[3],
-                   message="gradient/fc l2 norm 30 is 15x the baseline's 2 at TRAIN step 2")
+                   message="gradient/fc l2 norm 30 is 15x the baseline's 2 at step 3 (TRAIN step 2)")
     assert result.parameters["max_ratio"] == 10.0
     fires(3, GradientNormVsBaseline, run, baseline, min_ratio="0.6", steps=[3, 4])
     quiet(GradientNormVsBaseline, run, baseline, max_ratio="20")

@@ -16,6 +16,7 @@ from typing import Any
 # no_refresh lives at smdebug's place now; importing it from here keeps working
 from mltrace.analysis.utils import no_refresh as no_refresh
 from mltrace.exceptions import MltraceValueError, RuleEvaluationConditionMet
+from mltrace.modes import ModeKeys
 from mltrace.rules.req_tensors import RequiredTensors
 from mltrace.trials import Trial
 
@@ -107,6 +108,27 @@ class Rule(ABC):
     def nothing_checked(self) -> bool:
         """True when the rule reported its tensors and there were none."""
         return self.checked_tensors is not None and not self.checked_tensors
+
+    def step_label(self, step: int, mode: ModeKeys | None = None) -> str:
+        """How a rule message names a step: ``step 210 (EVAL step 10)``. The number after "step"
+        is always the global step (every step of every mode: the x axis of the TensorBoard tab
+        and of MLflow's metrics, and RuleResult.first_step); the mode's own step is beside it
+        when the step belongs to a mode other than GLOBAL.
+
+        Args:
+            step: a global step, or with ``mode`` a step of that mode.
+            mode: the mode ``step`` counts in (None: ``step`` is global).
+        """
+        if mode is None or mode is ModeKeys.GLOBAL:
+            global_step: int | None = step
+            mode, mode_step = self.base_trial.mode_modestep(step)
+        else:
+            global_step, mode_step = self.base_trial.global_step(mode, step), step
+        if global_step is None:  # a mode step the trial cannot place: say which it is
+            return f"{mode.name} step {mode_step}" if mode is not None else f"step {step}"
+        if mode is None or mode is ModeKeys.GLOBAL or mode_step is None:
+            return f"step {global_step}"
+        return f"step {global_step} ({mode.name} step {mode_step})"
 
     @property
     def fired_steps(self) -> list[int]:

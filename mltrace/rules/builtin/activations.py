@@ -85,7 +85,7 @@ class DeadRelu(_UnitActivityRule):
         return value > 0
 
     def _finding(self, tensor_name: str, share: float, units: int, step: int) -> str:
-        return (f"{tensor_name}: {share:.3g}% of {units} units are dead at step {step} "
+        return (f"{tensor_name}: {share:.3g}% of {units} units are dead at {self.step_label(step)} "
                 f"(active in < {self.threshold_inactivity:g}% of samples; "
                 f"threshold_layer {self.threshold_layer:g}%)")
 
@@ -139,6 +139,6 @@ class SaturatedActivation(_UnitActivityRule):
 
     def _finding(self, tensor_name: str, share: float, units: int, step: int) -> str:
         low, high = self._range(tensor_name)
-        return (f"{tensor_name}: {share:.3g}% of {units} units are saturated at step {step} "
+        return (f"{tensor_name}: {share:.3g}% of {units} units are saturated at {self.step_label(step)} "
                 f"(input outside ({low:g}, {high:g}) in > "
                 f"{100 - self.threshold_inactivity:g}% of samples)")

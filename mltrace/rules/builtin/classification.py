@@ -98,7 +98,7 @@ class Confusion(Rule):
             matrix = np.bincount(y[keep] * n + y_hat[keep], minlength=n * n).reshape(n, n)
             message = self._check(matrix)
             if message:
-                self.last_message = f"{label_name} vs {prediction_name} at step {step}: {message}"
+                self.last_message = f"{label_name} vs {prediction_name} at {self.step_label(step)}: {message}"
                 return True
         return False
 

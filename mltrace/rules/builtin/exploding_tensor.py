@@ -86,10 +86,10 @@ class ExplodingTensor(Rule):
         for tensor in self._selection.tensors(self.base_trial, self):
             nan, inf = nonfinite_counts(tensor, step)
             if nan:
-                self.last_message = f"{tensor.name} holds NaN at step {step}"
+                self.last_message = f"{tensor.name} holds NaN at {self.step_label(step)}"
                 return True
             if inf and not self.only_nan:
-                self.last_message = f"{tensor.name} holds infinite values at step {step}"
+                self.last_message = f"{tensor.name} holds infinite values at {self.step_label(step)}"
                 return True
         return False
 
@@ -140,6 +140,6 @@ class NaNInfDetected(Rule):
         parts = [f"{name} ({nan} NaN" + ("" if self.only_nan else f", {inf} Inf") + ")"
                  for _, name, nan, inf in found[:5]]
         more = f" and {len(found) - 5} more" if len(found) > 5 else ""
-        self.last_message = (f"{len(found)} tensor(s) non-finite at step {step}: "
+        self.last_message = (f"{len(found)} tensor(s) non-finite at {self.step_label(step)}: "
                              f"{', '.join(parts)}{more}")
         return True

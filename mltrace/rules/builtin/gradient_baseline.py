@@ -74,14 +74,14 @@ class GradientNormVsBaseline(Rule):
             if norm is None or reference is None or math.isnan(reference):
                 continue
             if math.isnan(norm):
-                self.last_message = (f"{tensor.name} {self.norm} norm is NaN at {mode.name} step "
-                                     f"{mode_step}; the baseline's is {reference:.3g}")
+                self.last_message = (f"{tensor.name} {self.norm} norm is NaN at "
+                                     f"{self.step_label(mode_step, mode)}; the baseline's is {reference:.3g}")
                 return True
             ratio = norm / reference if reference > 0 else (math.inf if norm > 0 else 1.0)
             if ratio > self.max_ratio or ratio < self.min_ratio:
                 self.last_message = (
                     f"{tensor.name} {self.norm} norm {norm:.3g} is {ratio:.3g}x the baseline's "
-                    f"{reference:.3g} at {mode.name} step {mode_step}"
+                    f"{reference:.3g} at {self.step_label(mode_step, mode)}"
                 )
                 return True
         return False

@@ -137,7 +137,7 @@ class NLPSequenceRatio(Rule):
                 percent = 100.0 * np.count_nonzero(arr == token) / arr.size
                 if percent > threshold:
                     self.last_message = (
-                        f"{tensor.name}: {percent:.3g}% of tokens are {token:g} at step {step} "
+                        f"{tensor.name}: {percent:.3g}% of tokens are {token:g} at {self.step_label(step)} "
                         f"(threshold {threshold:g}%)")
                     return True
         return False

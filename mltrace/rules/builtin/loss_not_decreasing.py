@@ -148,8 +148,9 @@ class LossNotDecreasing(Rule):
                 how = ("not decreasing" if decrease <= 0 else
                        f"decreased by {100 * decrease / abs(previous):.3g}% "
                        f"< diff_percent {self.diff_percent:g}%")
-                fired = (f"{tensor.name} ({mode.name}) is {current:.6g} at step {current_step}, "
-                         f"{previous:.6g} at step {previous_step}: {how}")
+                fired = (f"{tensor.name} ({mode.name}) is {current:.6g} at "
+                         f"{self.step_label(current_step, mode)}, {previous:.6g} at "
+                         f"{self.step_label(previous_step, mode)}: {how}")
         if fired is not None:
             self.last_message = fired
             return True

@@ -92,7 +92,7 @@ class Overfit(Rule):
             if message is None and p.over >= self.patience:
                 message = (
                     f"{tensor.name}: validation loss {val:.6g} vs training loss {train:.6g} at "
-                    f"EVAL step {mode_step}: ratio {ratio:.3g} > ratio_threshold "
+                    f"{self.step_label(mode_step, ModeKeys.EVAL)}: ratio {ratio:.3g} > ratio_threshold "
                     f"{self.ratio_threshold:g} for {p.over} EVAL step(s)")
         if message:
             self.last_message = message
@@ -150,7 +150,7 @@ class Overtraining(Rule):
             elif message is None and mode_step - best[1] >= patience:
                 message = (
                     f"{which} loss {tensor.name} has not improved by {self.delta:g} on "
-                    f"{best[0]:.6g} ({mode.name} step {best[1]}) for {mode_step - best[1]} steps "
+                    f"{best[0]:.6g} (at {self.step_label(best[1], mode)}) for {mode_step - best[1]} steps "
                     f"(patience {patience})")
         if message:
             self.last_message = message

@@ -72,7 +72,7 @@ class PoorWeightInitialization(Rule):
         loss_message = self._loss(step, mode_step)  # always: it keeps the best loss up to date
         message = self._variances(step) or self._gradient_spread(step) or loss_message
         if message:
-            self.last_message = f"{mode.name} step {mode_step}: {message}"
+            self.last_message = f"{self.step_label(mode_step, mode)}: {message}"
             return True
         return False
 

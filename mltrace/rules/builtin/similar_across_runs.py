@@ -83,7 +83,7 @@ class SimilarAcrossRuns(Rule):
                 continue
             difference = describe_difference(mine, theirs, self.rtol, self.atol)
             if difference is not None:
-                self.last_message = (f"{tensor.name} differs from {other.name!r} at step {step}: "
+                self.last_message = (f"{tensor.name} differs from {other.name!r} at {self.step_label(step)}: "
                                      f"{difference}")
                 return True
         return False

@@ -61,8 +61,8 @@ class AllZero(Rule):
                 continue
             percent = 100.0 * fraction
             if percent >= self.threshold:
-                self.last_message = (f"{tensor.name}: {percent:.4g}% of values are zero at step "
-                                     f"{step} (threshold {self.threshold:g}%)")
+                self.last_message = (f"{tensor.name}: {percent:.4g}% of values are zero at "
+                                     f"{self.step_label(step)} (threshold {self.threshold:g}%)")
                 return True
         return False
 
@@ -107,6 +107,6 @@ class TensorVariance(Rule):
                 bound = f"< min_threshold {self.min_threshold:g}"
             else:
                 continue
-            self.last_message = f"{tensor.name}: variance {variance:.3g} {bound} at step {step}"
+            self.last_message = f"{tensor.name}: variance {variance:.3g} {bound} at {self.step_label(step)}"
             return True
         return False

@@ -87,6 +87,6 @@ class WeightUpdateRatio(Rule):
                          if ratio > self.large_threshold
                          else f"< small_threshold {self.small_threshold:g}")
                 self.last_message = (f"{tensor.name}: update/weight ratio {ratio:.3g} {bound} "
-                                     f"at {mode.name} step {mode_step}")
+                                     f"at {self.step_label(mode_step, mode)}")
                 return True
         return False

@@ -63,7 +63,7 @@ class FeatureImportanceOverweight(Rule):
             names = ", ".join(n.rsplit("/", 1)[-1] for n in top)
             self.last_message = (
                 f"the {self.nfeatures} most important of {len(importances)} features ({names}) "
-                f"hold {share:.3g} of the importance at step {step} "
+                f"hold {share:.3g} of the importance at {self.step_label(step)} "
                 f"(> threshold {self.threshold:g})")
             return True
         return False
@@ -142,7 +142,7 @@ class TreeDepth(Rule):
             depths = log2_depths(nodes, self._value(TREE_IDS, step))
         for tree, depth in sorted(depths.items(), key=lambda kv: kv[1]):
             if depth < self.depth:
-                self.last_message = (f"tree {tree} of step {step} has depth {depth} "
+                self.last_message = (f"tree {tree} of {self.step_label(step)} has depth {depth} "
                                      f"< depth {self.depth}")
                 return True
         return False
