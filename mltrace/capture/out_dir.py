@@ -62,5 +62,10 @@ class OutDirGuard:
             os.close(self._fd)
             self._fd = None
 
+    def __del__(self) -> None:
+        # A hook dropped without close() (its atexit entry holds only a weak reference) must not
+        # keep a descriptor open for the rest of the process.
+        self.release()
+
 
 __all__ = ["OutDirGuard"]
