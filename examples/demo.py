@@ -25,9 +25,12 @@ import torch.nn.functional as F
 from torch import nn, optim
 
 import mltrace.pytorch as smd
+from mlflow_plugin import links
 from mltrace.exceptions import MltraceError
 from mltrace.trials import create_trial
 
+#: Where `mlflow ui --port 5000`, as printed at the end, serves the MLflow UI.
+MLFLOW_UI = "http://127.0.0.1:5000"
 VANISHING_THRESHOLD = 1e-7  # smdebug's VanishingGradient default
 BAR_WIDTH = 30
 LOG_LEVEL_VARIABLES = ("MLTRACE_LOG_LEVEL", "SMDEBUG_LOG_LEVEL", "TORNASOLE_LOG_LEVEL")
@@ -80,8 +83,9 @@ def create_hook(out_dir: str, tracking_uri: str) -> smd.Hook:
 def train(
     out_dir: str, epochs: int, steps_per_epoch: int, eval_steps: int, batch_size: int,
     tracking_uri: str,
-) -> None:
-    """Train in TRAIN mode and evaluate in EVAL mode each epoch, with the hook attached."""
+) -> tuple[str, str]:
+    """Train in TRAIN mode and evaluate in EVAL mode each epoch, with the hook attached; returns
+    the MLflow (experiment id, run id) of the training run."""
     torch.manual_seed(0)
     generator = torch.Generator().manual_seed(0)
     teacher = torch.randn(20, 4, generator=generator)
@@ -117,6 +121,8 @@ def train(
             f"  epoch {epoch}: last train loss {loss.item():.3f}, eval accuracy {correct / total:.0%}"
         )
     hook.close()
+    sink = hook.sinks[0]
+    return sink.experiment_id, sink.run_id
 
 
 def bar(value: float, top: float) -> str:
@@ -236,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     print(f"Training a small MLP with mltrace.pytorch.Hook -> {out_dir}")
     try:
-        train(out_dir, args.epochs, args.steps_per_epoch, args.eval_steps, args.batch_size,
-              os.environ["MLFLOW_TRACKING_URI"])
+        experiment_id, run_id = train(out_dir, args.epochs, args.steps_per_epoch, args.eval_steps,
+                                      args.batch_size, os.environ["MLFLOW_TRACKING_URI"])
     except MltraceError as exc:  # e.g. out_dir holds a finished run
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -247,10 +253,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"""
 Open the results:
   - TensorBoard (scalars, histograms, and the mltrace tab with tensors, collections, rules):
-      .venv/bin/mltrace tensorboard {out_dir} --port 6006      then browse http://127.0.0.1:6006
-  - MLflow UI (the training run, its rule runs nested under it, tags with findings, artifacts):
+      .venv/bin/mltrace tensorboard {out_dir} --port 6006 --mltrace_mlflow_uri {MLFLOW_UI}
+      then browse http://127.0.0.1:6006
+  - MLflow UI (the training run with a description of what the rules found, its rule runs
+    nested under it, named with their outcome, the summary under Artifacts > mltrace):
       .venv/bin/mlflow ui --backend-store-uri {os.environ["MLFLOW_TRACKING_URI"]} --port 5000
-      then browse http://127.0.0.1:5000 (experiment "mltrace-demo")
+      then open the training run: {links.run_url(MLFLOW_UI, experiment_id, run_id)}
+      or its experiment: {links.experiment_url(MLFLOW_UI, experiment_id)}
+      (the workflowType parameter opens MLflow's machine-learning view, not its GenAI one)
   - the trial in Python:
       from mltrace.trials import create_trial
       trial = create_trial({out_dir!r})

@@ -216,6 +216,7 @@ def test_main_demo(runs: dict[str, Run]) -> None:
         "Open the results:",
         "mltrace tensorboard",
         "mlflow ui --backend-store-uri sqlite:///",
+        "?workflowType=machine_learning",  # links open MLflow's machine-learning view
     ):
         assert line in stdout, f"{line!r} missing from the demo's output:\n{stdout}"
     assert not [line for line in run.stderr.splitlines() if "INFO" in line and "mltrace" in line]
