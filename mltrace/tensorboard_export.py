@@ -23,7 +23,7 @@ A hook built with ``strict=True`` raises the failure instead (``failures``, a ml
 Histograms are binned like torch's ``SummaryWriter.add_histogram(bins="tensorflow")`` (TF's
 exponential buckets, +-1e-12 growing by 1.1 up to 1e20, plus 0; empty outer buckets trimmed;
 values beyond +-1e20 fall outside, as there; see mltrace.histogram_bins), so the bytes equal
-torch's for the same values. An adapter may bin a tensor where it lives (``add_binned_histogram``,
+torch's for the same values, but for the last bits of sum_squares (einsum here, BLAS there). An adapter may bin a tensor where it lives (``add_binned_histogram``,
 e.g. on a GPU) so that only the counts reach the host.
 NaN and Inf are left out of a histogram (torch would write NaN min/max, which TensorBoard cannot
 draw); a tensor with no finite value gets none, and neither do bool, complex and empty tensors.
