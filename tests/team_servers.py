@@ -10,10 +10,11 @@ place: the PID we hold is the postmaster's. Its data folder is a fresh ``initdb`
 folder that user owns; password (SCRAM) authentication on 127.0.0.1 only, no Unix socket outside
 that folder. A test may stop and start it (``PostgresServer.stop/start``) to play an outage.
 
-Ray: ``ray start --head --block`` and one ``ray start --block`` worker node, each 1 CPU, a small
-object store, no dashboard, loopback addresses (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 keeps Ray
-from replacing 127.0.0.1 with the machine's address), each in its own process group killed at
-the end.
+Ray: ``ray start --head --block`` on 127.0.0.2 and one ``ray start --block`` worker node on
+127.0.0.3 (all of 127/8 is loopback; Ray replaces 127.0.0.1 itself with the machine's address,
+and refuses worker nodes when told not to), each 1 CPU, a small object store, no dashboard, each
+in its own process group killed at the end. Ray 2.60 still listens on every interface; the
+addresses it hands out are loopback ones.
 """
 
 from __future__ import annotations
@@ -192,21 +193,19 @@ class RayCluster:
 
 
 def _ray_env() -> dict[str, str]:
-    return dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0",
-                RAY_DEDUP_LOGS="0")
+    return dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_DEDUP_LOGS="0")
 
 
 @pytest.fixture(scope="session")
 def ray_cluster(s3_server) -> Iterator[RayCluster]:
-    """A head node and one worker node on 127.0.0.1, 1 CPU each, stopped by PID. The nodes get
+    """A head node (127.0.0.2) and one worker node (127.0.0.3), 1 CPU each, stopped by PID. The nodes get
     the S3 server's credentials (what Ray workers of a team's cluster have from their image)."""
     temp = tempfile.mkdtemp(prefix="mlt-ray-")  # short: Ray's socket paths must stay < 108
     env = dict(_ray_env(), AWS_ACCESS_KEY_ID=S3_KEY, AWS_SECRET_ACCESS_KEY=S3_SECRET,
                AWS_DEFAULT_REGION="us-east-1", AWS_ENDPOINT_URL=s3_server.endpoint)
     port, client_port = free_port(), free_port()
     common = ["--block", "--num-cpus=1", "--object-store-memory=78643200",
-              "--disable-usage-stats", "--node-ip-address=127.0.0.1",
-              "--dashboard-agent-listen-port=0", f"--temp-dir={temp}"]
+              "--disable-usage-stats", "--dashboard-agent-listen-port=0", f"--temp-dir={temp}"]
     ray = os.path.join(BIN, "ray")
     procs: list[subprocess.Popen] = []
     logs = [os.path.join(temp, "head.log"), os.path.join(temp, "worker.log")]
@@ -214,20 +213,22 @@ def ray_cluster(s3_server) -> Iterator[RayCluster]:
         with open(logs[0], "wb") as out:
             procs.append(subprocess.Popen(
                 [ray, "start", "--head", f"--port={port}", "--include-dashboard=false",
-                 f"--ray-client-server-port={client_port}", *common],
+                 f"--ray-client-server-port={client_port}", "--node-ip-address=127.0.0.2",
+                 *common],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True))
         _wait(lambda: "Ray runtime started" in _tail(logs[0], 100000), 90, "ray head", procs[0],
               logs[0])
         with open(logs[1], "wb") as out:
             procs.append(subprocess.Popen(
-                [ray, "start", f"--address=127.0.0.1:{port}", *common],
+                [ray, "start", f"--address=127.0.0.2:{port}", "--node-ip-address=127.0.0.3",
+                 *common],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True))
         _wait(lambda: "Ray runtime started" in _tail(logs[1], 100000), 90, "ray worker",
               procs[1], logs[1])
         time.sleep(1)
-        yield RayCluster(f"127.0.0.1:{port}", f"ray://127.0.0.1:{client_port}", _ray_env())
+        yield RayCluster(f"127.0.0.2:{port}", f"ray://127.0.0.2:{client_port}", _ray_env())
     finally:
         for proc in reversed(procs):
             stop(proc, timeout=5)  # SIGTERM makes Ray drain up to 30 s; SIGKILL after 5
