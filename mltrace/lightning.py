@@ -131,6 +131,8 @@ class MltraceCallback(pl.Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:
         """The batch's loss; Lightning divided it by accumulate_grad_batches for backward."""
+        if not self.capture.saving:
+            return
         loss = _loss_of(outputs)
         if loss is not None and pl_module.automatic_optimization:
             loss = loss.detach() * trainer.accumulate_grad_batches

@@ -72,6 +72,7 @@ class TrainerCapture:
         self.mlflow = self.options.pop("mlflow", None)
         self.hook: Any = None
         self._mlflow_attached = False
+        self._metrics_saved = False
 
     def attach(self, model: torch.nn.Module, default_dir: str) -> Any:
         """Build the hook and register ``model``; returns the hook. Once steps are recorded,
@@ -85,7 +86,7 @@ class TrainerCapture:
                                "(%s): its tensors are not saved", type(model).__name__)
                 return self.hook
             self.hook.close()  # it wrote nothing yet: no file is left behind
-            self.hook = None
+            self.hook, self._metrics_saved = None, False
         from mltrace.pytorch import Hook
 
         out_dir = self.out_dir or os.path.join(default_dir, "mltrace")
@@ -121,6 +122,12 @@ class TrainerCapture:
                          type(exc).__name__, exc)
 
     @property
+    def saving(self) -> bool:
+        """True when the current step saves something (cheap: for per-batch callbacks)."""
+        hook = self.hook
+        return hook is not None and hook.step_active
+
+    @property
     def active(self) -> bool:
         """True while the hook exists and saves (not closed, not disabled)."""
         hook = self.hook
@@ -148,6 +155,8 @@ class TrainerCapture:
             to_sinks: also send them to MLflow (False when the trainer's own MLflow logger does).
         """
         hook = self.hook
+        if not always and self._metrics_saved and not self.saving:
+            return  # the per-batch fast path: nothing is due this step
         if not self.active or hook.writer is None or not hook.clock.started:
             return
         if hook.step_written:  # between steps: the values go to the next one
@@ -160,6 +169,7 @@ class TrainerCapture:
         if hook.plan.add_saved(metrics):
             hook.plan.forget()
             hook._decide_due()  # metrics may be due this very step (as Hook.save_tensor does)
+        self._metrics_saved = True
         if not always and not hook.step_active:
             return  # nothing is due this step: no value is even copied to the host
         for key, value in logs.items():
