@@ -139,8 +139,45 @@ def test_gan_registers_both_models_and_the_loss_module(tmp_path: Path) -> None:
     assert trial.steps(mode="train") == [0, 1, 2]  # a step per generator forward
     for model in ("Generator", "Discriminator"):
         assert {f"{model}_net.0.weight", f"gradient/{model}_net.2.bias"} <= names
+        # weights from the first step on, as when both are registered before the loop
+        assert trial.tensor(f"{model}_net.0.weight").steps() == [0, 1, 2]
     # three BCELoss calls a step; the summed d_loss is not saved a second time as loss_output_0
     assert {n for n in names if "output" in n} == {f"BCELoss_output_{i}" for i in range(3)}
+    # the same trial as the script with mltrace lines registering both models and the loss
+    with_lines = tmp_path / "with_lines"
+    lines = GAN.replace("bce = nn.BCELoss()\n", textwrap.dedent(f"""\
+        bce = nn.BCELoss()
+        import mltrace.pytorch as smd
+        hook = smd.Hook(out_dir={str(with_lines)!r}, save_config=smd.SaveConfig(save_interval=1),
+                        include_collections=["weights", "gradients", "losses"])
+        hook.register_module(G)
+        hook.register_module(D)
+        hook.register_loss(bce)
+        hook.set_mode(smd.modes.TRAIN)
+        """))
+    check(plain(write(tmp_path, "gan_with_lines.py", lines)))
+    expected = create_trial(str(with_lines))
+    assert trial.tensor_names() == expected.tensor_names()
+    for name in expected.tensor_names():
+        assert trial.tensor(name).steps() == expected.tensor(name).steps() == [0, 1, 2]
+        for step in range(3):
+            np.testing.assert_array_equal(trial.tensor(name).value(step),
+                                          expected.tensor(name).value(step))
+
+
+def test_two_models_of_one_class_get_distinct_names(tmp_path: Path) -> None:
+    source = GAN.replace("G, D = Generator(), Discriminator()", textwrap.dedent("""\
+        G = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 3))
+        D = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 1), nn.Sigmoid())"""))
+    script = write(tmp_path, "gan_sequential.py", source)
+    out = tmp_path / "trial"
+    check(mltrace_run("--out-dir", str(out), *SAVE_EVERY_STEP, str(script)))
+    trial = create_trial(str(out))
+    weights = trial.tensor_names(collection="weights")
+    assert weights == ["Sequential2_0.weight", "Sequential2_2.weight",  # D: the second one
+                       "Sequential_0.weight", "Sequential_2.weight"]
+    assert trial.tensor("Sequential2_0.weight").value(0).shape == (8, 3)
+    assert trial.tensor("Sequential_0.weight").value(0).shape == (8, 2)
 
 
 OWN_HOOK = """

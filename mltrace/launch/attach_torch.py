@@ -7,7 +7,8 @@ Global module hooks (``torch.nn.modules.module.register_module_forward_pre_hook`
   module's forward) in training mode with gradients enabled is a model: it is registered with
   the hook (DistributedDataParallel and DataParallel are seen through, so tensor names are the
   model's own). The first one drives the step (smdebug's forward-pre-hook step boundary);
-  several (a GAN's generator and discriminator) are each registered, named by their class;
+  several (a GAN's generator and discriminator) are each registered, named by their class (a
+  second model of the same class gets the class name numbered: ``Sequential2``);
   modules without trainable parameters (data transforms) are not models;
 - a loss module (``torch.nn`` losses, or any module whose class name ends in ``Loss``) called at
   the top level is registered as a loss (``<LossClass>_output_0``);
@@ -106,12 +107,27 @@ class TorchAttachment:
             self.driver = module
             module.register_forward_pre_hook(self._guard(self._set_mode))  # before the hook's own
             self.hook.set_mode(mode_of(module))
-        self.hook.register_module(inner)
+        root = self._root_name(inner)
+        self.hook.torch.register_module(inner, root)
         self.models.append(inner)
         if first and inner is module:
             # Its pre-hooks were collected before it was registered: begin this call's step here
             # (a wrapper's inner model is called later, with its new pre-hook in place).
             self.hook.torch.forward_began(module, args)
+        elif not first and self.hook.step_active:
+            # A model first called after the step began (a GAN's discriminator): its weights
+            # now, before this step's update, as if it had been registered before the loop.
+            for name, param in inner.named_parameters():
+                self.hook.torch.save(f"{root}_{name}", param)
+
+    def _root_name(self, model: torch.nn.Module) -> str:
+        """The class name, numbered from the second model of a class on (a GAN whose generator
+        and discriminator are both nn.Sequential: Sequential, Sequential2)."""
+        from mltrace.pytorch.compiled import class_name  # with the hook: mltrace.pytorch is loaded
+
+        name = class_name(model)
+        count = sum(class_name(m) == name for m in self.models)
+        return f"{name}{count + 1}" if count else name
 
     def _ensure_hook(self) -> bool:
         if self.hook is None:

@@ -199,15 +199,16 @@ class TorchAdapter(Adapter):
             self._install_tensor_hooks(module)
 
     # -- attaching to PyTorch ---------------------------------------------------------------------
-    def register_module(self, module: torch.nn.Module) -> None:
+    def register_module(self, module: torch.nn.Module, root: str | None = None) -> None:
         """Attach to a model: step boundaries, parameters, gradients, module I/O. ``module`` may
-        be the model or what ``torch.compile`` returned for it; names are the model's either way."""
+        be the model or what ``torch.compile`` returned for it; names are the model's either way.
+        ``root`` replaces the class name that starts its tensor names (two models of one class)."""
         if not isinstance(module, torch.nn.Module):
             raise MltraceTypeError(f"register_module needs a torch.nn.Module, got {type(module).__name__}")
         inner = unwrap(module)
         if any(inner is m for m in self.modules):
             raise MltraceValueError("this module is already registered with the hook; register it once")
-        root = class_name(inner)  # what torch prints as the module's name
+        root = root or class_name(inner)  # the class name: what torch prints as the module's name
         named = list(inner.named_modules())
         for name, _ in named:  # torch allows names no trial can store (lone surrogates)
             if name:
