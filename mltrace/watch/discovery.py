@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from mltrace.exceptions import MltraceRuntimeError
 from mltrace.format import paths
-from mltrace.storage import open_storage
+from mltrace.watch.storage_cache import StorageCache
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +43,10 @@ class TrialFinder:
         max_depth: folder levels below ``location`` to look at.
     """
 
-    def __init__(self, location: str, max_depth: int = MAX_DEPTH) -> None:
+    def __init__(self, location: str, max_depth: int = MAX_DEPTH,
+                 storages: StorageCache | None = None) -> None:
         self.location = location.rstrip("/") or location
+        self.storages = storages or StorageCache()
         self.max_depth = max_depth
         self._remote = "://" in location and not location.startswith("file://")
         self._known: dict[str, FoundTrial] = {}
@@ -67,7 +69,7 @@ class TrialFinder:
 
     def exists(self, trial: FoundTrial) -> bool:
         """True while the trial's collections file is there."""
-        return bool(open_storage(trial.location).list(paths.COLLECTIONS_DIR))
+        return bool(self.storages.get(trial.location).list(paths.COLLECTIONS_DIR))
 
     def _join(self, rel: str) -> str:
         if not rel:
@@ -108,7 +110,7 @@ class TrialFinder:
         return sorted(entries), is_trial
 
     def _remote_children(self, rel: str) -> tuple[list[str], bool]:
-        storage = open_storage(self._join(rel))
+        storage = self.storages.get(self._join(rel))
         client = getattr(storage, "client", None)
         bucket, prefix = getattr(storage, "bucket", None), getattr(storage, "prefix", None)
         if client is None or bucket is None or prefix is None:  # a storage plugin: list all

@@ -139,5 +139,5 @@ def run_execution(execution: Execution) -> state.Outcome:
         outcome.message = result.message
     outcome.ended = time.time()
     if outcome.status != state.DELETED:  # never bring a deleted trial's folder back
-        state.record(outcome)
+        state.record(outcome, trial.storage)
     return outcome

@@ -13,9 +13,9 @@ import logging
 from typing import Any
 
 from mltrace.format import paths
-from mltrace.storage import open_storage
 from mltrace.watch.discovery import FoundTrial
 from mltrace.watch.spec import TrialSelector
+from mltrace.watch.storage_cache import StorageCache
 
 logger = logging.getLogger(__name__)
 
@@ -23,15 +23,16 @@ logger = logging.getLogger(__name__)
 class TagSource:
     """The tags of each trial's MLflow training run, looked up once per trial and cached."""
 
-    def __init__(self) -> None:
+    def __init__(self, storages: StorageCache | None = None) -> None:
         self._tags: dict[str, dict[str, str]] = {}
+        self.storages = storages or StorageCache()
 
     def tags(self, trial: FoundTrial) -> dict[str, str] | None:
         """The run's tags; None while the trial has no run file yet (or MLflow does not
         answer: logged, asked again later); {} for a trial that ended without one."""
         if trial.location in self._tags:
             return self._tags[trial.location]
-        storage = open_storage(trial.location)
+        storage = self.storages.get(trial.location)
         try:
             run = json.loads(storage.read(paths.MLFLOW_RUN_FILE))
         except FileNotFoundError:

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 
 from mltrace.exceptions import MltraceRuntimeError
 from mltrace.format import paths
-from mltrace.storage import open_storage
 from mltrace.watch import state
 from mltrace.watch.discovery import FoundTrial, TrialFinder
 from mltrace.watch.execution import Execution
 from mltrace.watch.scheduling import Scheduler
 from mltrace.watch.selection import TagSource, selects
 from mltrace.watch.spec import WatchRule
+from mltrace.watch.storage_cache import StorageCache
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +68,9 @@ class Watcher:
         self.trial_wait = trial_wait
         self.deletion_check = deletion_check
         self.max_scan_failures = max_scan_failures
-        self.finder = TrialFinder(location)
-        self.tags = TagSource()
+        self.storages = StorageCache()
+        self.finder = TrialFinder(location, storages=self.storages)
+        self.tags = TagSource(self.storages)
         self.stats = WatchStats()
         self._trials: dict[str, _TrialState] = {}
         self._scan_failures = 0
@@ -107,7 +108,7 @@ class Watcher:
 
     def _add_trial(self, trial: FoundTrial) -> None:
         try:
-            finished = state.finished_keys(trial.location)
+            finished = state.finished_keys(trial.location, self.storages.get(trial.location))
         except Exception as exc:
             logger.warning("cannot read the watch state of %s (%s); next poll", trial.location,
                            exc)
@@ -132,7 +133,7 @@ class Watcher:
             if not verdict or self.scheduler.has(ts.trial.location, rule.key):
                 continue
             if live is None:
-                live = not open_storage(ts.trial.location).exists(paths.END_OF_JOB_MARKER)
+                live = not self.storages.get(ts.trial.location).exists(paths.END_OF_JOB_MARKER)
             self.scheduler.add(Execution(ts.trial.location, rule, self.trial_wait,
                                          self.deletion_check), live=live)
             self.stats.started += 1
@@ -145,6 +146,7 @@ class Watcher:
                            outcome.mlflow_run_id)
             rel = next((r for r, t in self._trials.items() if t.trial.location == outcome.trial),
                        None)
+            self.storages.forget(outcome.trial)
             if rel is not None:
                 self.finder.forget(rel)
                 del self._trials[rel]
@@ -164,7 +166,7 @@ class Watcher:
             if ts.undecided:
                 return False
             if not ts.ended:
-                ts.ended = open_storage(ts.trial.location).exists(paths.END_OF_JOB_MARKER)
+                ts.ended = self.storages.get(ts.trial.location).exists(paths.END_OF_JOB_MARKER)
                 if not ts.ended:
                     return False
         return True

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from mltrace.format import paths
-from mltrace.storage import open_storage
+from mltrace.storage import Storage, open_storage
 
 logger = logging.getLogger(__name__)
 
@@ -54,9 +54,10 @@ def state_key(execution_key: str) -> str:
     return f"{paths.WATCH_STATE_DIR}/{execution_key}.json"
 
 
-def finished_keys(location: str) -> set[str]:
-    """Execution keys recorded as finished in the trial at ``location``."""
-    storage = open_storage(location)
+def finished_keys(location: str, storage: Storage | None = None) -> set[str]:
+    """Execution keys recorded as finished in the trial at ``location`` (read through
+    ``storage`` when given)."""
+    storage = storage or open_storage(location)
     out = set()
     for key in storage.list(paths.WATCH_STATE_DIR):
         if key.endswith(".json"):
@@ -64,10 +65,11 @@ def finished_keys(location: str) -> set[str]:
     return out
 
 
-def record(outcome: Outcome) -> None:
-    """Write ``outcome`` into its trial (a warning when the trial cannot be written)."""
+def record(outcome: Outcome, storage: Storage | None = None) -> None:
+    """Write ``outcome`` into its trial (through ``storage`` when given; a warning when the
+    trial cannot be written)."""
     try:
-        open_storage(outcome.trial).write(state_key(outcome.key), outcome.to_json().encode())
+        (storage or open_storage(outcome.trial)).write(state_key(outcome.key), outcome.to_json().encode())
     except Exception as exc:
         logger.warning("could not record the end of %s in %s: %s (it will run again after a "
                        "restart, resuming its MLflow run)", outcome.key, outcome.trial, exc)
