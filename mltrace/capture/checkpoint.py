@@ -14,7 +14,9 @@ first run under smdebug resumes under mltrace:
   step, the last step it saved, a counter of runs) to ``metadata.json`` in that folder, beside
   the checkpoint just written;
 * a hook built when ``metadata.json`` holds states continues from the latest one: its first
-  step is the step after the one seen when the newest checkpoint appeared.
+  step is the step after the one seen when the newest checkpoint appeared. Steps the framework
+  numbers itself (XGBoost's boosting rounds, which continue from a checkpointed model) keep
+  their numbers, as smdebug's XGBoost hook kept them.
 
 Without a configuration file nothing is looked at, so a job that does not checkpoint pays one
 ``os.path.exists`` per hook. mltrace also notices a checkpoint rewritten in place with the same
