@@ -14,7 +14,10 @@ The rule run:
   tagged with the trial location;
 - has params ``rule`` and the rule's arguments; metric ``condition_met`` (1 or 0) at every
   evaluated step; tags ``mltrace.rule_status``, ``mltrace.first_step``, ``mltrace.message``;
-  the result JSON as artifact ``mltrace/rule_result.json``; status FAILED if the rule errored;
+  the result JSON as artifact ``mltrace/rule_result.json``; status FAILED if the rule errored
+  (its traceback as artifact ``mltrace/traceback.txt``); given an ``execution`` key
+  (``mltrace watch`` passes one) it is tagged ``mltrace.watch.execution``, and an execution that
+  runs again (its watcher was killed) resumes that run, logging only steps not logged before;
   its name shows the outcome in the runs table (``VanishingGradient: IssuesFound @210``,
   ``DeadRelu: NothingChecked``) from the first step where it fires.
 
