@@ -174,6 +174,7 @@ class MlflowSink:
         self._mode_step_logged: dict[ModeKeys, int] = {}
         self._params: dict[str, str] | None = None
         self._params_logged = False
+        self._described = False
         self._dropped = 0
         self._wake = threading.Event()
         self._stopping = False
@@ -196,8 +197,10 @@ class MlflowSink:
         self._start_system_metrics(mlflow)
         self._thread = threading.Thread(target=self._run, name="mltrace-mlflow", daemon=True)
         self._thread.start()
-        logger.info("mltrace logs to MLflow run %s (experiment %s, %s)", self.run_id,
-                    self.experiment_id, self.tracking_uri)
+        logger.info("mltrace logs to MLflow run %s (experiment %s, %s)%s", self.run_id,
+                    self.experiment_id, self.tracking_uri,
+                    f": {url}" if (url := links.run_url(self.tracking_uri, self.experiment_id,
+                                                        self.run_id)) else "")
 
     # -- the run ----------------------------------------------------------------------------------
     def _open_run(self, mlflow: Any) -> tuple[str, str, str | None]:
@@ -349,6 +352,14 @@ class MlflowSink:
         if self._params and not self._params_logged and self.options.get("log_params", True):
             self._params_logged = True
             self._log_params(self._params)
+        if self._params is not None and not self._described:
+            # Once training runs, a first description (trial, collections; rules add their
+            # findings as they run): a live run's page says what it is before close rewrites it.
+            self._described = True
+            try:
+                self._describe()
+            except Exception as exc:
+                logger.debug("first description of run %s: %s", self.run_id, exc)
         items, self._held = self._held, []
         pending = self._pending
         while pending:

@@ -109,3 +109,21 @@ def test_links_open_the_machine_learning_view():
         "https://mlflow.example/#/experiments/7/runs?workflowType=machine_learning")
     assert links.run_url("sqlite:////tmp/mlflow.db", "3", "abc") is None
     assert links.run_url("http://h", None, "abc") is None
+
+
+def test_a_run_still_training_is_described(tracking, tmp_path):
+    import time
+
+    hook, _ = train(tmp_path / "trial", steps=4, close=False, mlflow={"flush_interval": 0.2})
+    client = MlflowClient()
+    run_id = hook.sinks[0].run_id
+    try:
+        deadline = time.monotonic() + 30
+        while description.NOTE_TAG not in client.get_run(run_id).data.tags:
+            assert time.monotonic() < deadline, "no description while training"
+            time.sleep(0.2)
+        note = client.get_run(run_id).data.tags[description.NOTE_TAG]
+        assert "no rule has run on this trial yet" in note and str(tmp_path / "trial") in note
+    finally:
+        hook.close()
+    assert "training ended" in client.get_run(run_id).data.tags[description.NOTE_TAG]
