@@ -54,6 +54,7 @@ class MltraceCallback(pl.Callback):
         self.capture = TrainerCapture(out_dir, hook_options)
         self.errors = ErrorPolicy(bool(hook_options.get("strict")), lambda reason: None)
         self._module: pl.LightningModule | None = None
+        self._mlflow_logger = False  # the Trainer has an MLFlowLogger (looked up at setup)
 
     @property
     def hook(self) -> Any:
@@ -85,6 +86,7 @@ class MltraceCallback(pl.Callback):
         from lightning.pytorch.loggers import MLFlowLogger
 
         found = next((lg for lg in trainer.loggers if isinstance(lg, MLFlowLogger)), None)
+        self._mlflow_logger = found is not None
         if found is None:
             self.capture.attach_mlflow(None)
             return
@@ -109,14 +111,8 @@ class MltraceCallback(pl.Callback):
         trainer = self._module.trainer if self._module is not None else None
         if trainer is None or trainer.sanity_checking:
             return
-        to_sinks = not (to_loggers and self._has_mlflow_logger(trainer))
+        to_sinks = not (to_loggers and self._mlflow_logger)
         self.capture.save_logged({name: value}, always=False, to_sinks=to_sinks)
-
-    @staticmethod
-    def _has_mlflow_logger(trainer: pl.Trainer) -> bool:
-        from lightning.pytorch.loggers import MLFlowLogger
-
-        return any(isinstance(lg, MLFlowLogger) for lg in trainer.loggers)
 
     # -- batches ----------------------------------------------------------------------------------
     @guarded()

@@ -166,7 +166,7 @@ class TrainerCapture:
                     hook.save_tensor(str(name), number, CollectionKeys.METRICS)
             return
         metrics = hook.get_collection(CollectionKeys.METRICS)
-        if hook.plan.add_saved(metrics):
+        if not self._metrics_saved and hook.plan.add_saved(metrics):
             hook.plan.forget()
             hook._decide_due()  # metrics may be due this very step (as Hook.save_tensor does)
         self._metrics_saved = True
