@@ -6,6 +6,11 @@
 2. Time to first panel on a 10,000-step trial (10 tensors per step): what the tab does when
    opened, on a fresh plugin: ``/runs``, ``/run`` (modes, tensors), ``/series`` of the first
    tensor over all 10,000 steps.
+3. Time to first overview on a 200-tensor, 5,000-step trial (gradients, the l2 stored at every
+   step): what the tab does when opened (``/runs``, ``/run``, ``/overview`` at 1000 columns).
+   Warm: the tab opened again in the same TensorBoard (target < 2 s), median of ``--runs``.
+   Cold (``--cold-runs``, default 1: each reads 1M records): a fresh plugin, the first answer
+   (opening the trial, then 1 s of reading, coarse first) and the asks until every step is in.
 
 Protocol (bench/README.md): one warm-up then ``--runs`` measured runs, medians. Cold
 numbers use a fresh plugin (and, for the trial, a fresh Trial) each run; the OS page cache is warm.
@@ -57,6 +62,27 @@ def write_trial(path: str, steps: int, tensors: int, size: int, reductions: bool
                     r = {"min": value.min(), "max": value.max(), "mean": value.mean(), "l2": np.linalg.norm(value)}[red]
                     writer.add_tensor(reduction_tensor_name(name, red, False), np.asarray(r, dtype=np.float64),
                                       ModeKeys.TRAIN, step, wall_time=1.0)
+        writer.close_step()
+    writer.write_end_marker()
+    writer.close()
+
+
+def write_gradients(path: str, steps: int, tensors: int) -> None:
+    """A trial of ``tensors`` gradients whose l2 is stored at each of ``steps`` TRAIN steps."""
+    if os.path.exists(os.path.join(path, "training_job_end.ts")):
+        return
+    writer = TrialWriter(open_storage(path), "worker_0")
+    manager = CollectionManager()
+    manager.add(Collection("gradients", include_regex=["^gradient/"]))
+    writer.write_collections(manager.to_json())
+    rng = np.random.default_rng(0)
+    scale = 10.0 ** rng.uniform(-8, 0, size=tensors)
+    names = [reduction_tensor_name(f"gradient/layer{t:03d}.weight", "l2", False) for t in range(tensors)]
+    for step in range(steps):
+        writer.open_step(step, ModeKeys.TRAIN, step)
+        for t, name in enumerate(names):
+            writer.add_tensor(name, np.float64(scale[t] * (1 + 1e-4 * step)), ModeKeys.TRAIN, step,
+                              wall_time=1.0)
         writer.close_step()
     writer.write_end_marker()
     writer.close()
@@ -124,30 +150,78 @@ def bench_first_panel(root: str, runs: int) -> dict:
             "parts_median": {k: statistics.median(p[k] for p in parts) for k in parts[0]}, "raw": parts}
 
 
+def open_overview(get) -> tuple[float, dict]:
+    """What the tab asks for when it opens on the overview: /runs, /run, /overview."""
+    t_runs, body = get("/runs")
+    name = [r["name"] for r in body["runs"] if r["name"] == "g200x5000"][0]
+    t_run, _ = get("/run", run=name)
+    t_ov, ov = get("/overview", run=name, columns="1000")
+    assert len(ov["rows"]) == 200 and (len(ov["starts"]) == 1000 or not ov["complete"])
+    return t_runs + t_run + t_ov, ov
+
+
+def bench_overview(root: str, runs: int, cold_runs: int) -> dict:
+    cold_first: list[float] = []
+    cold_all: list[float] = []
+    asks: list[int] = []
+    for _ in range(cold_runs):
+        _, get = client_for(root)
+        start = time.perf_counter()
+        first, ov = open_overview(get)
+        n = 1
+        while not ov["complete"]:
+            ov = get("/overview", run="g200x5000", columns="1000")[1]
+            n += 1
+        cold_first.append(first)
+        cold_all.append(time.perf_counter() - start)
+        asks.append(n)
+    _, get = client_for(root)
+    ov = open_overview(get)[1]
+    while not ov["complete"]:  # the warm-up: every step read once
+        ov = get("/overview", run="g200x5000", columns="1000")[1]
+    warm = [open_overview(get)[0] for _ in range(runs)]
+    assert ov["steps"] == 5000 and sum(sum(r["count"]) for r in ov["rows"]) == 200 * 5000
+    return {"warm_s": statistics.median(warm), "cold_first_s": statistics.median(cold_first),
+            "cold_complete_s": statistics.median(cold_all), "cold_asks": asks,
+            "raw": {"warm": warm, "cold_first": cold_first, "cold_complete": cold_all}}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--workdir", default=None, help="where the trials are written (reused if present)")
     parser.add_argument("--keep", action="store_true", help="keep the trials")
+    parser.add_argument("--cold-runs", type=int, default=1,
+                        help="cold overview openings (each reads every step of 200x5000)")
+    parser.add_argument("--only", choices=["overview"], default=None,
+                        help="run only this part")
     args = parser.parse_args()
     workdir = args.workdir or tempfile.mkdtemp(prefix="mltrace-bench-plugin-")
     try:
         start = time.perf_counter()
-        write_trial(os.path.join(workdir, "t100x1000"), steps=1000, tensors=100, size=256, reductions=True)
-        write_trial(os.path.join(workdir, "t10x10000"), steps=10_000, tensors=10, size=64, reductions=False)
+        if args.only is None:
+            write_trial(os.path.join(workdir, "t100x1000"), steps=1000, tensors=100, size=256,
+                        reductions=True)
+            write_trial(os.path.join(workdir, "t10x10000"), steps=10_000, tensors=10, size=64,
+                        reductions=False)
+        write_gradients(os.path.join(workdir, "g200x5000"), steps=5000, tensors=200)
         written = time.perf_counter() - start
-        tensor = bench_tensor_route(workdir, args.runs)
-        panel = bench_first_panel(workdir, args.runs)
+        tensor = bench_tensor_route(workdir, args.runs) if args.only is None else None
+        panel = bench_first_panel(workdir, args.runs) if args.only is None else None
+        over = bench_overview(workdir, args.runs, args.cold_runs)
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
     report = {"runs": args.runs, "write_s": written, "tensor_route": tensor, "first_panel": panel,
-              "loadavg": os.getloadavg()}
+              "overview": over, "loadavg": os.getloadavg()}
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
     print(f"median of {args.runs} runs, load {os.getloadavg()[0]:.2f} (trials written in {written:.0f} s)")
+    print_overview(over)
+    if tensor is None or panel is None:
+        return 0
     print("1000 steps x 100 tensors/step (raw 256 floats + 4 stored reductions each), /series of one tensor:")
     print(f"  open the trial (index of 1000 steps)      {1000 * tensor['open_trial_s']:8.1f} ms")
     print(f"  first request for the tensor (cold)        {1000 * tensor['cold_series_s']:8.1f} ms")
@@ -157,6 +231,15 @@ def main() -> int:
     print(f"  time to first panel                        {1000 * panel['first_panel_s']:8.1f} ms "
           f"(runs {1000 * p['runs_s']:.0f}, run {1000 * p['run_s']:.0f}, series {1000 * p['series_s']:.0f})")
     return 0
+
+
+def print_overview(over: dict) -> None:
+    print("200 gradients x 5,000 steps (l2 stored), /runs + /run + /overview (1000 columns):")
+    print(f"  opened again (warm; target < 2 s)          {1000 * over['warm_s']:8.1f} ms")
+    print(f"  first opening, fresh plugin: first answer  {1000 * over['cold_first_s']:8.1f} ms "
+          f"({over['cold_first_s'] / over['warm_s']:.1f}x warm; opens the trial, 1 s of reading)")
+    print(f"  first opening: every step read             {1000 * over['cold_complete_s']:8.1f} ms "
+          f"({over['cold_complete_s'] / over['warm_s']:.0f}x warm; {over['cold_asks']} asks)")
 
 
 if __name__ == "__main__":

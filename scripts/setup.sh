@@ -35,13 +35,18 @@ build_venv() {  # build_venv DIR REQUIREMENTS
 
 install_debian_packages() {
   # Headless Chromium and its driver for the TensorBoard plugin's browser test (never a browser download),
-  # and PostgreSQL for the MLflow-on-PostgreSQL tests (initdb/pg_ctl under /usr/lib/postgresql/*/bin).
+  # PostgreSQL for the MLflow-on-PostgreSQL tests (initdb/pg_ctl under /usr/lib/postgresql/*/bin), and
+  # node for the frontend's unit tests.
   local missing=()
   if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
     missing+=(chromium chromium-driver)
   fi
   if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
     missing+=(postgresql)
+  fi
+  # node for the unit tests of the TensorBoard tab's frontend (node --test tests/js/)
+  if ! command -v node >/dev/null; then
+    missing+=(nodejs)
   fi
   if [ ${#missing[@]} = 0 ]; then
     return

@@ -49,9 +49,16 @@ def name_filter(pattern: str) -> re.Pattern[str]:
 
 
 def _floats(arr: np.ndarray) -> list[float | None]:
-    """Floats with 5 significant digits (the colour needs no more; the JSON stays small), None
-    for NaN (an empty bucket)."""
-    out: list[float | None] = [float(f"{x:.5g}") if x == x else None for x in arr.tolist()]
+    """Floats rounded to 5 significant digits (the colour needs no more; the JSON stays small),
+    None for NaN (an empty bucket). Vectorised: n / 10**k is the double nearest that decimal, so
+    it prints short."""
+    x = np.asarray(arr, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        digits = 4 - np.floor(np.log10(np.abs(x)))
+        digits = np.where(np.isfinite(digits), np.clip(digits, -300, 300), 0)
+        scale = 10.0 ** digits
+        rounded = np.where(np.abs(digits) <= 22, np.round(x * scale) / scale, x)
+    out: list[float | None] = np.where(np.isnan(x), None, rounded).tolist()
     return out
 
 
@@ -129,6 +136,7 @@ def overview(
         "steps": found.steps,
         "bucketed": found.bucketed,
         "complete": found.complete,
+        "trial_steps": len(trial.saved_steps()),
         "rows": [_row(r) for r in found.rows],
         "findings": rules_view.findings(trial, names),
     }

@@ -22,6 +22,7 @@ the rules'), and mode steps beside them (``steps`` of a mode, ``start_modes``, `
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -222,7 +223,12 @@ class MltracePlugin(base_plugin.TBPlugin):
     def _json(self, request: wrappers.Request,
               impl: Callable[[], dict[str, Any]]) -> wrappers.Response:
         try:
-            return http_util.Respond(request, impl(), "application/json")
+            body: Any = impl()
+            try:  # encoded here when it holds no NaN: TensorBoard's cleansing walks every value
+                body = json.dumps(body, allow_nan=False)
+            except (ValueError, TypeError):
+                pass  # NaN, infinities, bytes: TensorBoard's Respond cleanses them
+            return http_util.Respond(request, body, "application/json")
         except errors.PublicError as exc:
             return http_util.Respond(request, {"error": str(exc)}, "application/json",
                                      code=exc.http_code)

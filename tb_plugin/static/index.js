@@ -49,18 +49,22 @@ export async function render() {
   schedulePoll();
 }
 
+/** The trials found and the selected ones' /run, afresh; true when anything changed. */
 async function loadRuns() {
+  const before = state.runs.join("\n");
   try {
     const answer = await getJSON("runs");
     state.runs = answer.runs.map((r) => r.name);
   } catch (err) {
     note(ui.main, `Could not list trials: ${err.message}`, true);
-    return;
+    return false;
   }
   for (const r of [...state.selected]) if (!state.runs.includes(r)) state.selected.delete(r);
   if (!state.selected.size && state.runs.length) state.selected.add(state.runs[0]);
-  drawRunList();
-  await refreshInfo();
+  const listChanged = before !== state.runs.join("\n");
+  if (listChanged) drawRunList();
+  const infoChanged = await refreshInfo();
+  return listChanged || infoChanged;
 }
 
 /** /run of every selected trial, afresh; true when one of them changed since the last look. */
@@ -114,10 +118,10 @@ function listenForReload() {
   window.parent.postMessage("experimental.bootstrap", window.location.origin, [channel.port2]);
 }
 
-/** Everything afresh: the trials found, their modes and tensors, the panel. */
+/** Everything afresh: the trials found, their modes and tensors; the panel is redrawn when
+ * something changed (TensorBoard also sends this on its periodic reload). */
 export async function reloadAll() {
-  await loadRuns();
-  refreshPanel();
+  if (await loadRuns()) refreshPanel();
 }
 
 function drawRunList() {

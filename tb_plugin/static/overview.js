@@ -82,7 +82,7 @@ function drawOverview(ctx, answer, box) {
     `${answer.collection ? ` in ${answer.collection}` : ""}, ${answer.steps} global steps` +
     (answer.bucketed ? ` in ${cols} columns (each the min–max of its steps; no NaN or inf is left out)` : "") +
     (answer.damaged ? `; ${answer.damaged.length} unreadable steps left out` : "") +
-    (answer.complete ? "" : " — reading the steps (a coarse picture first, it fills in)…"));
+    (answer.complete ? "" : ` — reading the ${answer.trial_steps} steps: a coarse picture first, it fills in…`));
   box.append(info);
   if (!rows.length || !cols) {
     box.append(el("div", {class: "mt-note"}, rows.length ? "No step saved yet." : "No tensor matches."));
