@@ -4,7 +4,9 @@ clearly before the script starts. Every run is a real subprocess (mltrace run ex
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -379,3 +381,33 @@ def test_a_process_started_elsewhere_attaches_with_the_environment_set(tmp_path:
     config.write_text(config.read_text().replace(str(out), str(tmp_path / "other")))
     check(plain(script, env=environment(MLTRACE_CONFIG_FILE_PATH=str(config))))
     assert not (tmp_path / "other").exists()  # without the bootstrap nothing attaches
+
+
+def test_the_scripts_own_sitecustomize_still_runs(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import builtins\nbuiltins.USER_SITE = 'loaded'\n")
+    script = write(tmp_path, "show.py", "print(USER_SITE)\n")
+    env = environment(PYTHONPATH=str(site))
+    assert check(plain(script, env=env)) == "loaded\n"
+    assert check(mltrace_run("--out-dir", str(tmp_path / "t"), str(script), env=env)) == "loaded\n"
+
+
+def test_command_line_options_override_the_file(tmp_path: Path) -> None:
+    from mltrace.launch.command import hook_parameters
+    from mltrace.launch.config import merge_options, validate
+
+    doc = {"LocalPath": "rel/trial", "HookParameters": {"save_interval": "5", "save_all": "false"},
+           "CollectionConfigurations": [{"CollectionName": "weights"}]}
+    args = argparse.Namespace(save_interval=1000, save_steps=None, include_regex=None,
+                              reductions="mean,l2", include_workers="all", save_all=True,
+                              export_tensorboard=None)
+    merged = merge_options(doc, str(tmp_path / "t"), hook_parameters(args), ["weights", "losses"])
+    assert merged["LocalPath"] == str(tmp_path / "t")
+    assert merged["HookParameters"] == {"save_interval": "1000", "save_all": "true",
+                                        "reductions": "mean,l2", "include_workers": "all"}
+    assert merged["CollectionConfigurations"] == [{"CollectionName": "weights"},
+                                                  {"CollectionName": "losses"}]
+    assert doc["LocalPath"] == "rel/trial"  # the file's document is left as it was
+    validate(merged, "test")
+    assert os.path.isabs(merge_options(doc)["LocalPath"])
