@@ -84,6 +84,10 @@ class TorchAdapter(Adapter):
         self.names: dict[int, str] = {}  # id(module) -> its tensor-name prefix
         self._owned: list[torch.nn.Module] = []  # keeps ids in ``names`` from being reused
         self._handles: list[Any] = []
+        # Parameters whose gradients may be saved, and their gradient hooks while installed:
+        # only during steps that save (see _gradient_hooks)
+        self._gradients: list[tuple[str, torch.nn.Parameter]] = []
+        self._gradient_handles: list[Any] = []
         self._io_index: dict[str, int] = {}
         self.stepped = False  # True once a step began (a model's callbacks have run)
         self.host_transfers = 0  # device-to-host copies of reductions (see reductions_to_host)
@@ -195,6 +199,8 @@ class TorchAdapter(Adapter):
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._gradient_hooks(False)
+        self._gradients.clear()
         for module in self.modules:
             self._install_tensor_hooks(module)
 
@@ -267,11 +273,34 @@ class TorchAdapter(Adapter):
             self._handles.append(sub.register_forward_hook(eager_only(io_hook) if sub is module else io_hook))
         if self.step_boundary != "forward":
             return  # gradients are read at the optimizer step
+        added = []
         for pname, param in module.named_parameters():
             name = f"{GRADIENT_PREFIX}{root}_{pname}"
             # frozen parameters get no gradient (smdebug issue #184)
             if param.requires_grad and (not plan.prepared or plan.may_save(name)):
+                added.append((name, param))
+        self._gradients += added
+        if self._gradient_handles or not self.stepped:  # installed now; steps then decide
+            for name, param in added:
                 self._hook_gradient(name, param)
+
+    def _gradient_hooks(self, on: bool) -> None:
+        """Install the gradient hooks for a step that saves, remove them for one that does not.
+
+        Autograd calls a tensor hook for every parameter in every backward, and the call itself
+        costs microseconds per parameter even when the hook returns at once; with a save interval
+        of 100 that was most of the hook's cost on the 99 steps that save nothing. Installing
+        them at a saving step's beginning costs about as much once. Before the first step they
+        are installed (a gradient arriving then means the model ran without the step boundary;
+        see _warn_not_stepping).
+        """
+        if on and not self._gradient_handles:
+            for name, param in self._gradients:
+                self._hook_gradient(name, param)
+        elif not on and self._gradient_handles:
+            for handle in self._gradient_handles:
+                handle.remove()
+            self._gradient_handles.clear()
 
     def _hook_gradient(self, name: str, param: torch.nn.Parameter) -> None:
         """Per-backward gradients (smdebug's value). A sharded parameter (FSDP2) gets its gradient
@@ -282,10 +311,10 @@ class TorchAdapter(Adapter):
                                "accumulated gradient; save it with hook.save_tensor", name)
                 return
             on_gradient = self._gradient_callback(name)
-            self._handles.append(param.register_post_accumulate_grad_hook(
+            self._gradient_handles.append(param.register_post_accumulate_grad_hook(
                 lambda p: on_gradient(p.grad)))
         else:
-            self._handles.append(param.register_hook(self._gradient_callback(name)))
+            self._gradient_handles.append(param.register_hook(self._gradient_callback(name)))
 
     def _gradient_callback(self, name: str) -> Callable[[torch.Tensor | None], None]:
         """What autograd calls with a parameter's gradient: on a step that saves nothing it
@@ -515,6 +544,7 @@ class TorchAdapter(Adapter):
         self._io_index.clear()
         self.traced.buffer.clear()
         self.traced.active = self.hook.step_active
+        self._gradient_hooks(self.hook.step_active)
 
     def _warn_not_stepping(self) -> None:
         """A gradient or module output arrived before any step began: the registered model's
