@@ -58,7 +58,9 @@ def _floats(arr: np.ndarray) -> list[float | None]:
         digits = np.where(np.isfinite(digits), np.clip(digits, -300, 300), 0)
         scale = 10.0 ** digits
         rounded = np.where(np.abs(digits) <= 22, np.round(x * scale) / scale, x)
-    out: list[float | None] = np.where(np.isnan(x), None, rounded).tolist()
+    cells = rounded.astype(object)
+    cells[np.isnan(x)] = None
+    out: list[float | None] = cells.tolist()
     return out
 
 
