@@ -88,13 +88,20 @@ function hexToRgb(h) {
   return [1, 3, 5].map((i) => parseInt(h.slice(i, i + 2), 16));
 }
 
-/** A colour of viridis for t in [0, 1]. */
-export function viridis(t) {
-  const x = Math.min(1, Math.max(0, t)) * (VIRIDIS.length - 1);
+function interpolate(t) {
+  const x = t * (VIRIDIS.length - 1);
   const i = Math.min(VIRIDIS.length - 2, Math.floor(x));
   const [a, b] = [hexToRgb(VIRIDIS[i]), hexToRgb(VIRIDIS[i + 1])];
   const f = x - i;
   return `rgb(${a.map((v, k) => Math.round(v + (b[k] - v) * f)).join(",")})`;
+}
+
+// 256 colours computed once: an overview of 500 x 1000 cells asks for half a million
+const LUT = Array.from({length: 256}, (_, i) => interpolate(i / 255));
+
+/** A colour of viridis for t in [0, 1]. */
+export function viridis(t) {
+  return LUT[Math.round(Math.min(1, Math.max(0, t)) * 255)] || LUT[0];
 }
 
 /** The log colour scale of an overview: the decades spanned by its positive finite values. */
