@@ -343,6 +343,28 @@ def test_bad_configuration_is_refused_before_the_script_runs(
     assert got.stderr.startswith("mltrace run: error: ") and message in got.stderr, got.stderr
 
 
+def test_an_out_dir_that_cannot_hold_a_trial(tmp_path: Path) -> None:
+    (tmp_path / "a_file").write_text("")
+    script = write(tmp_path, "train.py", "print('the script ran')\n")
+    got = mltrace_run("--out-dir", str(tmp_path / "a_file" / "trial"), str(script))
+    assert got.returncode == 2 and got.stdout == ""
+    assert "which is a file: pass the path of a directory" in got.stderr
+
+
+def test_a_hook_that_cannot_be_created_leaves_training_alone(tmp_path: Path) -> None:
+    """The out_dir turns into a file after mltrace run checked it (the script makes it one):
+    creating the hook fails inside the script's process, which trains on as without mltrace."""
+    out = tmp_path / "trial"
+    source = f"open({str(out)!r}, 'w').close()\n" + textwrap.dedent(FUNCTIONAL)
+    script = write(tmp_path, "train.py", source)
+    expected = check(plain(script))
+    out.unlink()
+    got = mltrace_run("--out-dir", str(out), *SAVE_EVERY_STEP, str(script))
+    assert got.returncode == 0 and got.stdout == expected
+    assert "attaching to pytorch failed" in got.stderr and "training goes on" in got.stderr
+    assert out.is_file()
+
+
 def test_a_script_that_does_not_exist(tmp_path: Path) -> None:
     got = mltrace_run("--out-dir", str(tmp_path / "t"), "no_such_train.py", cwd=tmp_path)
     assert got.returncode == 2

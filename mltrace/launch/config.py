@@ -90,6 +90,13 @@ def validate(doc: Mapping[str, Any], where: str) -> None:
             f"{where}: no trial directory: pass --out-dir DIR or set LocalPath in the JSON file")
     config = parse_hook_config(doc, where)
     out_dir = str(doc["LocalPath"])
+    if "://" not in out_dir:
+        from mltrace.hook import check_local_out_dir  # a file in the way, no permission
+
+        try:
+            check_local_out_dir(out_dir, os.path.join(out_dir, END_OF_JOB_MARKER))
+        except MltraceValueError as exc:
+            raise MltraceValueError(f"{where}: {exc}") from None
     if "://" not in out_dir and os.path.exists(os.path.join(out_dir, END_OF_JOB_MARKER)):
         raise MltraceValueError(
             f"{where}: the trial directory {out_dir!r} holds a finished run ({END_OF_JOB_MARKER} "
