@@ -197,10 +197,7 @@ class TrainerCapture:
         if hook is None or hook.closed:
             return
         if not hook.disabled:
-            hook.end_step()
-            if hook.writer is not None:
-                hook.outputs.write_collections()
-                hook.writer.flush()
+            hook.flush()
         for sink in hook.sinks:
             stop = getattr(sink, "stop_system_metrics", None)
             if stop is not None:
