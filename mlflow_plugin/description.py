@@ -28,8 +28,10 @@ START = "<!-- mltrace: this part is rewritten by mltrace -->"
 END = "<!-- mltrace: end -->"
 #: Order of the findings: what needs a look first.
 _ORDER = {"IssuesFound": 0, "Error": 1, "InProgress": 2, "NothingChecked": 3, "NoIssuesFound": 4}
-_ICON = {"IssuesFound": "❗", "Error": "⚠️", "InProgress": "⏳", "NothingChecked": "∅",
-         "NoIssuesFound": "✓"}
+#: A mark per rule status, in glyphs common fonts have (DejaVu, Liberation, system UI fonts;
+#: emoji fonts are often missing on Linux): rule run names and the description lead with it.
+STATUS_MARKS = {"IssuesFound": "✖", "NoIssuesFound": "✔", "NothingChecked": "∅", "Error": "⚠",
+                "InProgress": "…"}
 
 
 def findings_from_tags(tags: dict[str, str]) -> dict[str, dict[str, str]]:
@@ -101,7 +103,7 @@ def training_description(trial: Trial | None, location: str,
             if f.get("run_id") and experiment_id:
                 name = f"[{rule}]({links.run_page(experiment_id, f['run_id'])})"
             where = step_text(trial, f["first_step"]) if f.get("first_step") else "-"
-            out.append(f"| {name} | {_ICON.get(status, '')} {status} | {where} | "
+            out.append(f"| {name} | {STATUS_MARKS.get(status, '')} {status} | {where} | "
                        f"{_cell(f.get('message') or '-')} |")
         out.append("")
     out.append(f"Trial: `{location}`")

@@ -18,8 +18,9 @@ The rule run:
   (its traceback as artifact ``mltrace/traceback.txt``); given an ``execution`` key
   (``mltrace watch`` passes one) it is tagged ``mltrace.watch.execution``, and an execution that
   runs again (its watcher was killed) resumes that run, logging only steps not logged before;
-  its name shows the outcome in the runs table (``VanishingGradient: IssuesFound @210``,
-  ``DeadRelu: NothingChecked``) from the first step where it fires.
+  its name shows the outcome in the runs table (``✖ VanishingGradient: IssuesFound @210``,
+  ``∅ DeadRelu: NothingChecked``, ``… VanishingGradient: InProgress`` while it runs), the mark first since the
+  table cuts long names.
 
 The training run's description (``mlflow.note.content``, description.py) is rewritten as each
 rule starts, first fires and ends; once training has ended its ``summary.html`` is written again
@@ -43,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlflow_plugin import _keys, _tracking, links
+from mlflow_plugin.description import STATUS_MARKS
 from mltrace import __version__
 from mltrace.exceptions import MltraceValueError
 from mltrace.rules import results
@@ -215,7 +217,8 @@ class MlflowRuleListener:
             tags[_keys.PARENT_RUN_TAG] = parent.info.run_id
         if execution:
             tags[_keys.TAG_EXECUTION] = execution
-        run = client.create_run(experiment_id, run_name=rule.rule_name,
+        run = client.create_run(experiment_id,
+                                run_name=run_name(rule.rule_name, results.IN_PROGRESS),
                                 tags={k: _keys.tag_value(v) for k, v in resolve_tags(tags).items()})
         return _RuleRun(client, run.info.run_id, experiment_id,
                         parent.info.run_id if parent is not None else None)
@@ -353,10 +356,11 @@ class MlflowRuleListener:
 
 
 def run_name(rule_name: str, status: str, first_step: int | None = None) -> str:
-    """A rule run's name in MLflow's runs table: the rule and its status, with the global step
-    where it first fired (``VanishingGradient: IssuesFound @210``)."""
+    """A rule run's name in MLflow's runs table: a mark of its outcome, the rule, its status and
+    the global step where it first fired (``✖ VanishingGradient: IssuesFound @210``)."""
     at = f" @{first_step}" if status == results.ISSUES_FOUND and first_step is not None else ""
-    return f"{rule_name}: {status}{at}"
+    mark = STATUS_MARKS.get(status)  # first: MLflow's runs table cuts names at ~16 characters
+    return f"{mark + ' ' if mark else ''}{rule_name}: {status}{at}"
 
 
 def _quote(value: str | None) -> str:

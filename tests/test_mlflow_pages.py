@@ -63,9 +63,9 @@ def test_training_run_describes_trial_and_findings_and_rule_runs_show_status(tra
     assert "NoIssuesFound" in rows[2]
 
     names = {r.mlflow_run_id: client.get_run(r.mlflow_run_id).info.run_name for r in (clean, fired, chatty)}
-    assert names == {clean.mlflow_run_id: "ExplodingTensor: NoIssuesFound",
-                     fired.mlflow_run_id: "VanishingGradient: IssuesFound @0",
-                     chatty.mlflow_run_id: "_Chatty: IssuesFound @7"}
+    assert names == {clean.mlflow_run_id: "✔ ExplodingTensor: NoIssuesFound",
+                     fired.mlflow_run_id: "✖ VanishingGradient: IssuesFound @0",
+                     chatty.mlflow_run_id: "✖ _Chatty: IssuesFound @7"}
     tags = client.get_run(run_id).data.tags
     assert tags["mltrace.rule._Chatty.message"] == f"EVAL finding {LONG} end"  # not cut
     assert tags["mltrace.rule._Chatty.first_step"] == "7"  # the global step, as everywhere

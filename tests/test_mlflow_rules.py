@@ -38,7 +38,7 @@ def test_rule_run_is_a_child_and_tags_the_training_run(tracking, tmp_path):
     parent = client.get_run(parent_id)
     assert child.data.tags[_keys.PARENT_RUN_TAG] == parent_id
     assert child.info.experiment_id == parent.info.experiment_id == result.mlflow_experiment_id
-    assert child.info.status == "FINISHED" and child.info.run_name == "VanishingGradient: IssuesFound @0"
+    assert child.info.status == "FINISHED" and child.info.run_name == "✖ VanishingGradient: IssuesFound @0"
     assert child.data.params == {"rule": "VanishingGradient", "threshold": "1.0"}
     assert _history(client, child.info.run_id, "condition_met") == [(s, 1.0) for s in range(5)]
     assert child.data.tags[_keys.TAG_RULE_STATUS] == "IssuesFound"

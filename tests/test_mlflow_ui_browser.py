@@ -91,7 +91,7 @@ def test_mltrace_links_open_the_machine_learning_view(logged, browser):
     rule_run = client.search_runs([experiment_id], "tags.`mltrace.run_type` = 'rule'")[0]
     rule_url = links.run_url(uri, experiment_id, rule_run.info.run_id)
     assert cli.returncode == 1, cli.stderr  # the rule fired: the CLI's exit code is unchanged
-    assert f"View run VanishingGradient: IssuesFound @0 at: {rule_url}" in cli.stdout
+    assert f"View run ✖ VanishingGradient: IssuesFound @0 at: {rule_url}" in cli.stdout
     assert rule_url.endswith("?workflowType=machine_learning")
     urls = [w for w in cli.stdout.split() if w.startswith("http")]
     assert len(urls) == 2 and all(u.endswith("?workflowType=machine_learning") for u in urls)
@@ -106,6 +106,11 @@ def test_mltrace_links_open_the_machine_learning_view(logged, browser):
     browser.get(links.experiment_url(uri, experiment_id))
     _body(browser, "lr=0.1")
     assert "workflowType=machine_learning" in browser.current_url and "/traces" not in browser.current_url
+    # The rule run is nested under the training run: unfolded, its name says what it found.
+    expander = browser.find_element(
+        By.XPATH, "//a[normalize-space()='lr=0.1']/ancestor::div[contains(@class,'ag-cell')]//button")
+    expander.click()
+    _body(browser, "✖ VanishingGradient: IssuesFound @0")
     _shot(browser, "mlflow-ui-experiment.png")
 
     # The training run: its description says what the rule found, at which step.
@@ -120,6 +125,6 @@ def test_mltrace_links_open_the_machine_learning_view(logged, browser):
 
     # The rule run the CLI printed: named with its outcome.
     browser.get(rule_url)
-    _body(browser, "VanishingGradient: IssuesFound @0")
+    _body(browser, "✖ VanishingGradient: IssuesFound @0")
     assert "workflowType=machine_learning" in browser.current_url
     _shot(browser, "mlflow-ui-rule-run.png")
