@@ -24,6 +24,8 @@ from tb_plugin import rules_view
 
 #: The collection the overview opens on when the trial has it (what goes wrong first in training).
 DEFAULT_COLLECTION = "gradients"
+#: ``collection=*``: every tensor of the trial (an empty parameter means "the default").
+ALL = "*"
 #: Seconds one answer spends reading steps not read before; the rest comes with the next asks
 #: (the answer says ``complete`` false and the tab asks again), so a first look at a long run
 #: is quick and fills in, coarse first.
@@ -98,7 +100,8 @@ def overview(
     """The overview of one trial (see the module docstring).
 
     Args:
-        collection: whose tensors are rows (None: :func:`default_collection`; "" all tensors).
+        collection: whose tensors are rows (None: :func:`default_collection`; "" or ``*``: all
+            tensors).
         statistic: one of ``heatmap.OVERVIEW_STATISTICS``.
         mode: only this mode's steps (None: all, on the global step axis).
         columns: at most this many step buckets.
@@ -109,6 +112,8 @@ def overview(
         MltraceValueError: an unknown collection or statistic.
     """
     info = analysis.trial_overview(trial)
+    if collection == ALL:
+        collection = ""
     if collection is None:
         collection = default_collection(info.members)
     if collection and collection not in info.members:

@@ -9,7 +9,7 @@ Routes (under /data/plugin/mltrace):
     /index.js, /static/*    the frontend (ES module + CSS, no build step, no CDN)
     /runs                   trials found: [{"name", "location"}]
     /run?run=R              modes, steps, workers, tensors by collection of one trial
-    /overview?run=R[&collection=C][&statistic=l2][&mode=M][&columns=N][&filter=F]
+    /overview?run=R[&collection=C or *][&statistic=l2][&mode=M][&columns=N][&filter=F]
                             one statistic of every tensor of a collection over step buckets
     /series?run=R[&run=R2]&tensor=T[&mode=M][&worker=W|&per_worker=1][&max_points=N]
     /histograms?run=R&tensor=T&mode=M[&worker=W][&bins=30][&max_steps=N]

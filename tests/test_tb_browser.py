@@ -255,6 +255,11 @@ def test_overview_opens_first_shows_gradients_and_a_row_opens_its_detail(fast_se
     # the filter box narrows the rows at once; the statistic is chosen
     browser.find_element(By.ID, "mt-ov-filter").send_keys("weight$")
     wait.until(lambda d: d.find_element(By.CSS_SELECTOR, ".mt-ov-canvas").get_attribute("data-rows") == "2")
+    Select(browser.find_element(By.ID, "mt-ov-collection")).select_by_value("")  # every tensor
+    wait.until(lambda d: d.find_element(By.CSS_SELECTOR, ".mt-ov-canvas").get_attribute("data-rows") == "4")
+    assert WEIGHT in [e.get_attribute("data-tensor") for e in browser.find_elements(By.CSS_SELECTOR, ".mt-ov-label")]
+    Select(browser.find_element(By.ID, "mt-ov-collection")).select_by_value("gradients")
+    wait.until(lambda d: d.find_element(By.CSS_SELECTOR, ".mt-ov-canvas").get_attribute("data-rows") == "2")
     Select(browser.find_element(By.ID, "mt-ov-statistic")).select_by_value("abs_max")
     wait.until(lambda d: "abs_max" in d.find_element(By.CSS_SELECTOR, ".mt-ov-legend").text)
     assert browser.find_element(By.CSS_SELECTOR, ".mt-ov-canvas").get_attribute("data-rows") == "2"
@@ -379,6 +384,19 @@ def test_live_trial_new_tensors_and_steps_appear(fast_server, browser, logs):
     browser.switch_to.frame(browser.find_elements(By.CSS_SELECTOR, "iframe")[0])
     end_live(logs)
     wait.until(lambda d: d.find_element(By.ID, "mt-live").text.startswith("ended"))
+
+
+def test_tensorboards_reload_button_reaches_the_tab(fast_server, browser, logs):
+    """A trial that appears later shows after TensorBoard's reload (its DataReloaded message to
+    the plugin's frame), with no reload of the page: the tab polls only live trials' /run."""
+    wait = _open_tab(browser, fast_server)
+    assert not browser.find_elements(By.CSS_SELECTOR, "input.mt-run[value='runNew']")
+    write_trial(logs / "exp" / "runNew", {0: {"n": np.arange(3.0)}})
+    browser.switch_to.default_content()
+    button = wait.until(lambda d: [b for b in d.find_elements(By.CSS_SELECTOR, "button.reload-button") if b.is_enabled()])
+    button[0].click()
+    browser.switch_to.frame(browser.find_elements(By.CSS_SELECTOR, "iframe")[0])
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "input.mt-run[value='runNew']"))
 
 
 def test_mltrace_tensorboard_on_s3(s3_server, tmp_path):  # noqa: F811 - fixture

@@ -87,6 +87,8 @@ def test_overview_statistics_modes_filter_and_errors(plugin):
     assert not every["bucketed"] and len(every["starts"]) == STEPS
     evals = plugin.overview_impl("big", mode=ModeKeys.EVAL, columns=2000)
     assert evals["starts"][0] == 900 and evals["steps"] == 100 and evals["mode"] == "EVAL"
+    everything = plugin.overview_impl("big", collection="*")
+    assert everything["collection"] == "" and [r["tensor"] for r in everything["rows"]][-1] == "loss"
     only = plugin.overview_impl("big", pattern="LAYER[12]")
     assert [r["tensor"] for r in only["rows"]] == ["gradient/layer1.weight", "gradient/layer2.weight"]
     assert only["tensors_in_collection"] == 3

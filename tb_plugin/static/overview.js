@@ -54,7 +54,7 @@ export async function overviewPanel(ctx) {
   ctx.root.append(head, box);
   note(box, "Loading the overview…");
   const width = Math.max(300, (ctx.root.clientWidth || 1000) - LABEL_W - 40);
-  const ask = () => getJSON("overview", {run, collection: s.collection, statistic: s.statistic,
+  const ask = () => getJSON("overview", {run, collection: s.collection === "" ? "*" : s.collection, statistic: s.statistic,
     mode: s.overviewMode, columns: Math.min(2000, Math.floor(width))}, ctx.signal);
   let answer = await ask();
   if (!ctx.alive()) return;
