@@ -9,10 +9,15 @@ std, l2, abs_max, ...), the statistic is read at each saved step (a stored reduc
 hook saved one, else computed from the saved value). Rule findings come from the run's
 ``mltrace.rule.<Rule>.*`` tags and from the rule results in the trial.
 
-Output (``out_dir``): ``comparison.csv`` (the table), ``comparison.json`` (table, series,
-findings), ``comparison.png`` (one panel per tensor and statistic, one line per run, dotted
-lines where a rule first fired). With ``log_to_mlflow`` the three files are also logged as
-artifacts (``comparison/``) of a run in experiment ``mltrace-comparisons`` (or ``log_experiment``).
+Output (``out_dir``): ``comparison.csv`` (the table, every column in full), ``comparison.json``
+(table, series, findings), ``comparison.png`` (plots.series_figure: 1600 px, one panel per tensor
+and statistic over global steps, one line per run, log axes where values span decades, dotted
+lines where a rule first fired). ``Comparison.to_text`` is the table within 100 columns
+(_table.py). With ``log_to_mlflow`` the three files are also logged as artifacts
+(``comparison/``) of a run in experiment ``mltrace-comparisons`` (or ``log_experiment``).
+
+Errors name the valid values: an unknown statistic, a tensor pattern that matches no tensor of
+the trials, no statistic readable; a missing tracking store is an error, never created.
 
 Example:
     >>> from mlflow_plugin.compare import compare_runs
