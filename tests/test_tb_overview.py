@@ -245,6 +245,23 @@ def test_a_first_look_within_a_deadline_is_coarse_first_then_fills_in(root):
     assert set(range(0, STEPS, 64)) <= set(got.steps.tolist())
 
 
+def test_a_damaged_step_is_left_out_and_said_so_on_every_answer(tmp_path):
+    import glob
+
+    path = write_trial(tmp_path / "d", {s: {red("gradient/g", "l2"): float(s + 1)} for s in range(6)},
+                       collections={"gradients": ["^gradient/"]})
+    (events,) = glob.glob(f"{path}/events/000000000003/*.tfevents")
+    data = bytearray(open(events, "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    open(events, "wb").write(bytes(data))
+    plugin = MltracePlugin(base_plugin.TBContext(), mltrace_logdirs=[path])
+    for _ in range(2):  # the second answer comes from what the plugin kept, and still says so
+        answer = plugin.overview_impl("d")
+        assert [d["step"] for d in answer["damaged"]] == [3]
+        assert answer["starts"] == [0, 1, 2, 4, 5]  # the others are all there
+        assert answer["rows"][0]["high"] == [1.0, 2.0, 3.0, 5.0, 6.0]
+
+
 # -- routes --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def client(root):

@@ -49,6 +49,8 @@ class StepValues:
     signature: tuple[int, bool, int] | None = None
     #: The stride of the coarsest-first pass (COARSE_FIRST) this entry has read in full.
     stride_read: int | None = None
+    #: Steps whose records could not be read (tried again when the index changes).
+    damaged: list[Damaged] = field(default_factory=list)
 
     def extend(self, steps: Sequence[int], values: Sequence[float]) -> None:
         """Add steps (any order, none known yet) and keep the arrays sorted by step."""
@@ -115,10 +117,16 @@ def statistic_steps(
     present = entries.global_steps()
     signature = (len(present), trial.loaded_all_steps, trial.last_complete_step)
     if known.signature == signature or (only is not None and not only):
+        if damaged is not None:
+            damaged.extend(known.damaged)
         return known
     have = set(known.steps.tolist())
     new = sorted(s for s in present
                  if s not in have and (only is None or s in only) and trial.is_step_complete(s))
+    retried = set(new)
+    known.damaged = [d for d in known.damaged if d.step not in retried]
+    if damaged is not None:
+        damaged.extend(known.damaged)
     if only is None:
         known.signature = signature  # every step read: next time only a changed index reads
     if not new:
@@ -149,8 +157,9 @@ def statistic_steps(
         try:
             row = step_statistics(t, step, ModeKeys.GLOBAL, worker, [statistic])
         except UNREADABLE as exc:
+            known.damaged.append(left_out(tensor, step, exc))
             if damaged is not None:
-                damaged.append(left_out(tensor, step, exc))
+                damaged.append(known.damaged[-1])
             continue
         if row and statistic in row:
             steps.append(step)
@@ -270,7 +279,7 @@ def tensor_heatmap(
         keep = np.fromiter(sorted(in_mode), dtype=np.int64)
         found = [(t, _only(sv, keep)) for t, sv in found]
     out = bucket_rows(found, statistic, columns)
-    out.mode, out.damaged, out.complete = mode, damaged, complete
+    out.mode, out.damaged, out.complete = mode, list(dict.fromkeys(damaged)), complete
     return out
 
 
