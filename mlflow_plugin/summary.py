@@ -83,6 +83,16 @@ def _rule_results(trial: Trial, latest: Any = None) -> list[dict[str, Any]]:
         return []
 
 
+def _global_span(trial: Trial, mode: str, span: analysis.StepSpan) -> dict[str, int | None]:
+    """The global steps of a mode's first and last step (None where the trial cannot say)."""
+    try:
+        first = None if span.first is None else trial.global_step(mode, span.first)
+        last = None if span.last is None else trial.global_step(mode, span.last)
+    except MltraceError:
+        first = last = None
+    return {"global_first": first, "global_last": last}
+
+
 def trial_summary(
     trial: Trial | str, max_tensors: int = 200, max_steps: int = 100, latest_rule: Any = None
 ) -> dict[str, Any]:
@@ -115,7 +125,8 @@ def trial_summary(
         "trial": info.location,
         "workers": info.workers,
         "training_ended": info.ended,
-        "modes": {name: span.to_dict() for name, span in info.modes.items()},
+        "modes": {name: {**span.to_dict(), **_global_span(trial, name, span)}
+                  for name, span in info.modes.items()},
         "collections": collections,
         "tensor_count": len(info.tensors),
         "tensors": [_tensor_entry(trial, n, info, max_steps) for n in info.tensors[:max_tensors]],
@@ -254,12 +265,12 @@ def summary_html(info: dict[str, Any]) -> str:
     out.append("<h3>Steps</h3><p>Steps are global steps: every step the hook saw, in every mode "
                "(the x axis of the charts below, of mltrace's MLflow metrics and of its "
                "TensorBoard tab); a mode's own step counts that mode's steps only.</p>")
-    out.append("<table><tr><th>mode</th><th>steps</th><th>first</th><th>last</th></tr>")
+    out.append("<table><tr><th>mode</th><th>steps</th><th>global steps</th>"
+               "<th>the mode's own steps</th></tr>")
     for mode, m in info["modes"].items():
-        out.append(
-            f"<tr><td>{e(mode)}</td><td>{m['steps']}</td><td>{_fmt(m['first'])}</td>"
-            f"<td>{_fmt(m['last'])}</td></tr>"
-        )
+        own = "-" if m["first"] is None else f"{m['first']}..{m['last']}"
+        glob = "-" if m.get("global_first") is None else f"{m['global_first']}..{m['global_last']}"
+        out.append(f"<tr><td>{e(mode)}</td><td>{m['steps']}</td><td>{glob}</td><td>{own}</td></tr>")
     out.append(
         "</table><h3>Collections</h3><table><tr><th>collection</th><th>include_regex</th>"
         "<th>tensors</th></tr>"

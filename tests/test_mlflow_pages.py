@@ -76,6 +76,7 @@ def test_training_run_describes_trial_and_findings_and_rule_runs_show_status(tra
     assert page.index("Rule findings") < page.index("Collections")
     assert "2 of 3 rules found issues" in page and "global step 7 (EVAL step 1)" in page
     assert f"EVAL finding {LONG} end" in page
+    assert "<tr><td>EVAL</td><td>3</td><td>6..8</td><td>0..2</td></tr>" in page  # global, own steps
 
 
 def test_summary_charts_have_a_scale_that_shows_vanishing_values(tmp_path):
