@@ -111,6 +111,7 @@ function drawOverview(ctx, answer, box) {
     "data-rows": rows.length, "data-columns": cols});
   const g = canvas.getContext("2d");
   const kinds = {value: 0, zero: 0, nan: 0, inf: 0, empty: 0};
+  const nonfiniteCells = [];
   rows.forEach((r, i) => {
     const bad = nonfiniteByColumn(r);
     for (let c = 0; c < cols; c++) {
@@ -118,12 +119,20 @@ function drawOverview(ctx, answer, box) {
       kinds[kind]++;
       g.fillStyle = color;
       g.fillRect(Math.floor(c * cellW), STRIP_H + i * rowH, Math.max(1, Math.ceil(cellW)), rowH - (rowH > 6 ? 1 : 0));
+      if (kind === "nan" || kind === "inf") nonfiniteCells.push([c, i, color]);
     }
     if (marks.rows.has(r.tensor)) {
       g.strokeStyle = COLORS.inf;
       g.strokeRect(0.5, STRIP_H + i * rowH + 0.5, plotW - 1, rowH - 1);
     }
   });
+  // a NaN or an infinity in one bucket of a 3-pixel row must still catch the eye: drawn last,
+  // at least 4 pixels wide and tall
+  for (const [c, i, color] of nonfiniteCells) {
+    g.fillStyle = color;
+    const w = Math.max(4, Math.ceil(cellW)), h = Math.max(4, rowH);
+    g.fillRect(Math.floor(c * cellW + cellW / 2 - w / 2), STRIP_H + i * rowH + rowH / 2 - h / 2, w, h);
+  }
   g.fillStyle = COLORS.inf;
   for (const c of marks.cols.keys()) {
     const x = (c + 0.5) * cellW;
