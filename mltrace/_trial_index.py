@@ -78,14 +78,22 @@ class TrialIndex:
             parsed = parse_reduction_tensor_name(entry.tensorname)
             if parsed is not None:
                 base, red, is_abs = parsed
-                entries = self.tensors.setdefault(base, TensorEntries())
+                entries = self._entries(base)
                 entries.reductions.setdefault(step, {}).setdefault(worker, {})[(red, is_abs)] = loc
             else:
-                entries = self.tensors.setdefault(entry.tensorname, TensorEntries())
+                entries = self._entries(entry.tensorname)
                 entries.values.setdefault(step, {})[worker] = loc
         for shape in index.shapes:
-            entries = self.tensors.setdefault(shape.tensorname, TensorEntries())
+            entries = self._entries(shape.tensorname)
             entries.shapes.setdefault(step, {})[worker] = shape.shape
+
+    def _entries(self, name: str) -> TensorEntries:
+        """The entries of tensor ``name``, made on first sight (not with setdefault, which would
+        build and drop one TensorEntries per record: a fifth of opening a 1M-record trial)."""
+        found = self.tensors.get(name)
+        if found is None:
+            found = self.tensors[name] = TensorEntries()
+        return found
 
     def locations(self, step: int, worker: str) -> dict[tuple[str, str, bool], Location]:
         """What one index file added: {(tensor, reduction or "", abs): Location} (a scan over
