@@ -19,7 +19,13 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from mlflow import MlflowClient  # noqa: E402
 from torch import nn  # noqa: E402
-from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments  # noqa: E402
+from transformers import (  # noqa: E402
+    BertConfig,
+    BertForSequenceClassification,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
 
 import mltrace  # noqa: E402
 from mltrace.exceptions import MltraceValueError  # noqa: E402
@@ -334,3 +340,53 @@ def test_transformers_model_init_registers_the_model_at_train_begin(tmp_path):
     trial = create_trial(str(tmp_path / "trial"))
     assert trial.steps(mode=TRAIN) == [0, 1]
     assert trial.tensor("gradient/BertForSequenceClassification_classifier.weight").steps(mode=TRAIN) == [0, 1]
+
+
+def test_a_rules_stop_training_action_stops_the_lightning_trainer(tmp_path):
+    """A rule run on the live trial fires with the stoptraining action: the next batch sees the
+    stop signal and Lightning ends fit there; the trial holds the steps trained."""
+    out = str(tmp_path / "trial")
+
+    class RuleAtStep2(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step == 2 and not getattr(self, "done", False):
+                self.done = True
+                rule = VanishingGradient(create_trial(out), threshold=1e6, action_str='{"name": "stoptraining"}')
+                # step 1 is still open (written when step 2 begins): the rule reads step 0
+                assert invoke_rule(rule, end_step=1).fired_steps == [0]
+
+    torch.manual_seed(0)
+    callback = LightningCallback(out_dir=out, save_config=mltrace.SaveConfig(save_interval=1),
+                                 include_collections=["gradients"], stop_check_interval=0.0)
+    trainer = L.Trainer(max_epochs=2, accumulate_grad_batches=2, callbacks=[callback, RuleAtStep2()],
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=str(tmp_path / "pl"), accelerator="cpu",
+                        limit_val_batches=0)
+    trainer.fit(Regressor(), loader(128, 8))  # 16 optimizer steps without the rule
+    callback.close()
+    # The signal is seen when step 2 begins; Lightning stops after that batch (its first
+    # micro-batch: no optimizer step), whose loss is the last thing saved.
+    assert trainer.global_step == 2
+    trial = create_trial(out)
+    assert trial.steps(mode=TRAIN) == [0, 1, 2]
+    assert trial.tensor("gradient/Regressor_fc1.weight").steps(mode=TRAIN) == [0, 1]
+
+
+def test_a_rules_stop_training_action_stops_the_transformers_trainer(tmp_path):
+    out = str(tmp_path / "trial")
+
+    class RuleAtStep2(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                rule = VanishingGradient(create_trial(out), threshold=1e6, action_str='{"name": "stoptraining"}')
+                assert invoke_rule(rule, end_step=1).fired_steps == [0]
+
+    callback = MltraceCallback(out_dir=out, save_config=mltrace.SaveConfig(save_interval=1),
+                               include_collections=["gradients"], stop_check_interval=0.0)
+    trainer = hf_trainer(tmp_path, callback, max_steps=8)
+    trainer.add_callback(RuleAtStep2())
+    trainer.args.eval_strategy = "no"
+    trainer.train()
+    callback.close()
+    assert trainer.state.global_step == 2
+    assert create_trial(out).steps(mode=TRAIN) == [0, 1, 2]
