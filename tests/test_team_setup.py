@@ -203,6 +203,8 @@ def test_watch_on_ray_while_jobs_train(team, ray_cluster, tmp_path):
         text = f.read()
     assert text.count(f"watching {prefix} with 2 rules") == 2 and "on Ray cluster at" in text
     assert f"found trial {trials['job1']}: 2 rules finished before, 0 to consider" in text
+    for name in ("job2-bad", "job3"):  # found while training: an actor per live rule
+        assert f"starting VanishingGradient on {trials[name]} (live" in text
     for name, trial in trials.items():
         [training] = client.search_runs([experiment], filter_string=(
             f"tags.`mltrace.run_type` = 'training' AND tags.`mltrace.trial` = '{trial}'"))
@@ -218,3 +220,27 @@ def test_watch_on_ray_while_jobs_train(team, ray_cluster, tmp_path):
             assert len(steps) == len(set(steps)) > 0  # resumed runs log no step twice
         expected = "IssuesFound" if name == "job2-bad" else "NoIssuesFound"
         assert training.data.tags[STATUS] == expected, name
+
+
+def test_watch_through_ray_client(ray_cluster, tmp_path):
+    """``--ray-address ray://HOST:PORT`` (Ray Client): executions run in the cluster's worker
+    processes, not in the watcher's."""
+    import numpy as np
+
+    from mltrace.watch import parse_watch_rules
+    from mltrace.watch.ray_executor import RayExecutor
+    from mltrace.watch.scheduling import Scheduler
+    from mltrace.watch.service import Watcher
+    from tests.rule_trials import write_trial
+
+    for name, grad in (("ok", 0.5), ("vanishing", 1e-9)):
+        write_trial(tmp_path / "jobs" / name, {s: {"gradient/w": np.full(3, grad)} for s in range(4)},
+                    collections={"gradients": ["gradient/"]})
+    executor = RayExecutor(ray_cluster.client_address, num_cpus=0.5)
+    assert "2 nodes" in executor.description
+    stats = Watcher(str(tmp_path / "jobs"), parse_watch_rules([{"RuleName": "VanishingGradient"}]),
+                    Scheduler(executor, 2), poll_interval=0.5).run(exit_when_done=True)
+    found = {o.trial.rsplit("/", 1)[1]: o for o in stats.outcomes}
+    assert {k: o.rule_status for k, o in found.items()} == {"ok": "NoIssuesFound",
+                                                            "vanishing": "IssuesFound"}
+    assert all(not o.host.endswith(f":{os.getpid()}") for o in stats.outcomes)
