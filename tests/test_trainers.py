@@ -248,7 +248,7 @@ def pl_trainer(tmp_path, callback, logger=False) -> L.Trainer:
 def test_lightning_saves_each_optimizer_step_in_its_loop_mode(tmp_path):
     torch.manual_seed(0)
     callback = LightningCallback(out_dir=str(tmp_path / "trial"), save_config=mltrace.SaveConfig(save_interval=1),
-                                 include_collections=COLLECTIONS)
+                                 include_collections=COLLECTIONS, export_tensorboard=True)
     trainer = pl_trainer(tmp_path, callback)
     model = Regressor()
     trainer.fit(model, loader(32, 8), loader(32, 8, seed=1))  # 4 batches: 2 optimizer steps per epoch
@@ -274,6 +274,14 @@ def test_lightning_saves_each_optimizer_step_in_its_loop_mode(tmp_path):
     assert {"train_loss", "val_loss", "val_mae", "test_loss"} <= metrics
     assert trial.tensor("val_loss").steps(mode=EVAL) == [0, 1, 2, 3]
     assert trial.tensor("test_loss").steps(mode=EVAL) == [4, 5]
+
+    # hook options pass through: TensorBoard scalars of the logged metrics, per mode
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    for mode, tag in (("TRAIN", "train_loss"), ("EVAL", "val_loss")):
+        events = EventAccumulator(str(tmp_path / "trial" / "tensorboard" / mode))
+        events.Reload()
+        assert tag in events.Tags()["scalars"], (mode, events.Tags()["scalars"])
 
     rule = LossNotDecreasing(trial, use_losses_collection=True, num_steps=2, diff_percent=0.0)
     result = invoke_rule(rule, end_step=max(trial.steps()) + 1)
