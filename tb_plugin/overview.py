@@ -96,6 +96,7 @@ def overview(
     pattern: str | None,
     cache: heatmap.StatisticCache,
     budget_s: float | None = READ_BUDGET_S,
+    worker: str | None = None,
 ) -> dict[str, Any]:
     """The overview of one trial (see the module docstring).
 
@@ -107,6 +108,7 @@ def overview(
         columns: at most this many step buckets.
         pattern: keep only tensors whose names match (see :func:`name_filter`).
         budget_s: seconds spent reading new steps (None: read them all before answering).
+        worker: whose values (None: each step's first worker).
 
     Raises:
         MltraceValueError: an unknown collection or statistic.
@@ -126,7 +128,10 @@ def overview(
         rx = name_filter(pattern)
         names = [n for n in names if rx.search(n)]
     deadline = None if budget_s is None else time.monotonic() + budget_s
-    found = heatmap.tensor_heatmap(trial, names, statistic, mode, columns, cache=cache,
+    if worker is not None and worker not in info.workers:
+        raise MltraceValueError(
+            f"trial {trial.name!r} has no worker {worker!r}; it has {', '.join(info.workers)}")
+    found = heatmap.tensor_heatmap(trial, names, statistic, mode, columns, worker, cache=cache,
                                    deadline=deadline)
     out: dict[str, Any] = {
         "run": trial.name,
@@ -135,6 +140,8 @@ def overview(
         "statistic": statistic,
         "statistics": list(heatmap.OVERVIEW_STATISTICS),
         "mode": mode.name if mode is not None else None,
+        "worker": worker,
+        "workers": info.workers,
         "ended": info.ended,
         "tensors_in_collection": total,
         "starts": found.starts,

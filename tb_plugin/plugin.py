@@ -9,7 +9,7 @@ Routes (under /data/plugin/mltrace):
     /index.js, /static/*    the frontend (ES module + CSS, no build step, no CDN)
     /runs                   trials found: [{"name", "location"}]
     /run?run=R              modes, steps, workers, tensors by collection of one trial
-    /overview?run=R[&collection=C or *][&statistic=l2][&mode=M][&columns=N][&filter=F]
+    /overview?run=R[&collection=C or *][&statistic=l2][&mode=M][&columns=N][&filter=F][&worker=W]
                             one statistic of every tensor of a collection over step buckets
     /series?run=R[&run=R2]&tensor=T[&mode=M][&worker=W|&per_worker=1][&max_points=N]
     /histograms?run=R&tensor=T&mode=M[&worker=W][&bins=30][&max_steps=N]
@@ -158,12 +158,12 @@ class MltracePlugin(base_plugin.TBPlugin):
 
     def overview_impl(self, run: str, collection: str | None = None, statistic: str = "l2",
                       mode: ModeKeys | None = None, columns: int = heatmap.DEFAULT_COLUMNS,
-                      pattern: str | None = None) -> dict[str, Any]:
+                      pattern: str | None = None, worker: str | None = None) -> dict[str, Any]:
         trial, lock = self.trial(run)
         with lock:
             try:
                 return overview.overview(trial, collection, statistic, mode, columns, pattern,
-                                         self._statistics)
+                                         self._statistics, worker=worker)
             except MltraceValueError as exc:
                 raise errors.InvalidArgumentError(str(exc)) from None
 
@@ -247,7 +247,7 @@ class MltracePlugin(base_plugin.TBPlugin):
             request.args.get("statistic") or "l2", _optional_mode(request),
             _int(request, "columns", minimum=1, maximum=heatmap.MAX_COLUMNS)
             or heatmap.DEFAULT_COLUMNS,
-            request.args.get("filter") or None))
+            request.args.get("filter") or None, request.args.get("worker") or None))
 
     def _series_route(self, request: wrappers.Request) -> wrappers.Response:
         def impl() -> dict[str, Any]:

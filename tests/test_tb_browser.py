@@ -333,6 +333,14 @@ def test_histograms_side_by_side_for_runs_and_workers_and_a_scrolling_value_tabl
     lines = browser.find_element(By.ID, "mt-lines").text
     assert "worker_0 · l2 (4 steps)" in lines and "worker_1 · l2 (4 steps)" in lines and "GLOBAL" not in lines
     _shot(browser, "tb_histograms.png")
+    # the overview of a run with two workers chooses whose values
+    browser.switch_to.frame(browser.find_elements(By.CSS_SELECTOR, "iframe")[0])
+    browser.find_element(By.ID, "mt-filter").clear()
+    _panel(browser, wait, "overview")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#mt-ov-worker option[value='worker_1']"))
+    Select(browser.find_element(By.ID, "mt-ov-worker")).select_by_value("worker_1")
+    wait.until(lambda d: Select(d.find_element(By.ID, "mt-ov-worker")).first_selected_option.text == "worker_1")
+    assert json.loads(browser.find_element(By.CSS_SELECTOR, ".mt-ov-canvas").get_attribute("data-kinds"))["value"] == 4
 
 
 def test_rules_findings_first_clean_folded_names_escaped_and_no_leak_between_panels(fast_server, browser):

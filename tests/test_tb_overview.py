@@ -262,6 +262,22 @@ def test_a_damaged_step_is_left_out_and_said_so_on_every_answer(tmp_path):
         assert answer["rows"][0]["high"] == [1.0, 2.0, 3.0, 5.0, 6.0]
 
 
+def test_overview_per_worker(tmp_path):
+    from tests.tb_trials import make_worker_trial
+
+    path = make_worker_trial(tmp_path / "w")
+    plugin = MltracePlugin(base_plugin.TBContext(), mltrace_logdirs=[path])
+    first = plugin.overview_impl("w", collection="weights")
+    second = plugin.overview_impl("w", collection="weights", worker="worker_1")
+    assert first["workers"] == ["worker_0", "worker_1"] and second["worker"] == "worker_1"
+    l2 = [float(np.linalg.norm(np.array([1.0, 2.0, 3.0]) * (s + 1) + 10)) for s in range(4)]
+    assert second["rows"][0]["high"] == pytest.approx(l2, rel=1e-4)
+    assert first["rows"][0]["high"] == pytest.approx([float(np.linalg.norm(np.array([1.0, 2.0, 3.0]) * (s + 1)))
+                                                      for s in range(4)], rel=1e-4)
+    with pytest.raises(errors.InvalidArgumentError, match="worker_0, worker_1"):
+        plugin.overview_impl("w", worker="worker_9")
+
+
 # -- routes --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def client(root):

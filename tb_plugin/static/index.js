@@ -24,7 +24,7 @@ const POLL_MS = 5000;
 
 const state = {
   panel: "overview", runs: [], selected: new Set(), overviewRun: "", collection: null, statistic: "l2",
-  overviewMode: "", filter: "", tensor: "", statistics: null, perWorker: false, logY: false, maxPoints: "",
+  overviewMode: "", overviewWorker: "", filter: "", tensor: "", statistics: null, perWorker: false, logY: false, maxPoints: "",
 };
 const info = new Map();  // run -> its latest /run answer (refreshed by every poll; never kept as is)
 const ui = {};

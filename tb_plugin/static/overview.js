@@ -23,12 +23,14 @@ function controls(ctx, answer, redraw) {
   const modes = Object.keys((ctx.info.get(answer.run) || {modes: {}}).modes);
   const modeSel = el("select", {id: "mt-ov-mode", on: {change: (e) => { s.overviewMode = e.target.value; ctx.reload(); }}},
     el("option", {value: ""}, "(all modes)"), modes.map((m) => el("option", {value: m, selected: m === s.overviewMode}, m)));
+  const workerSel = el("select", {id: "mt-ov-worker", on: {change: (e) => { s.overviewWorker = e.target.value; ctx.reload(); }}},
+    el("option", {value: ""}, "(first worker)"), answer.workers.map((w) => el("option", {value: w, selected: w === answer.worker}, w)));
   const filter = el("input", {type: "search", id: "mt-ov-filter", class: "mt-filter", placeholder: "filter tensors (regex or text)",
     value: s.filter, on: {input: (e) => { s.filter = e.target.value; redraw(); }}});
   return el("section", {class: "mt-controls"},
     runs.length > 1 ? el("label", {}, "Run ", runSel) : null,
     el("label", {}, "Collection ", collSel), el("label", {}, "Statistic ", statSel),
-    el("label", {}, "Mode ", modeSel), filter);
+    el("label", {}, "Mode ", modeSel), answer.workers.length > 1 ? el("label", {}, "Worker ", workerSel) : null, filter);
 }
 
 function legend(domain, statistic) {
@@ -54,8 +56,13 @@ export async function overviewPanel(ctx) {
   ctx.root.append(head, box);
   note(box, "Loading the overview…");
   const width = Math.max(300, (ctx.root.clientWidth || 1000) - LABEL_W - 40);
-  const ask = () => getJSON("overview", {run, collection: s.collection === "" ? "*" : s.collection, statistic: s.statistic,
-    mode: s.overviewMode, columns: Math.min(2000, Math.floor(width))}, ctx.signal);
+  // a collection chosen for another run that this one lacks: this run's default
+  const known = (ctx.info.get(run) || {collections: {}}).collections;
+  const collection = s.collection === "" ? "*" : (s.collection && s.collection in known ? s.collection : null);
+  const workers = (ctx.info.get(run) || {workers: []}).workers;
+  const worker = workers.includes(s.overviewWorker) ? s.overviewWorker : "";
+  const ask = () => getJSON("overview", {run, collection, statistic: s.statistic,
+    mode: s.overviewMode, worker, columns: Math.min(2000, Math.floor(width))}, ctx.signal);
   let answer = await ask();
   if (!ctx.alive()) return;
   s.collection = answer.collection;
