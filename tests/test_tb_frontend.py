@@ -3,6 +3,8 @@ runner (tests/js/*.test.mjs); node is required, not optional: a missing node fai
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import shutil
 import subprocess
@@ -39,5 +41,8 @@ def test_every_module_parses_and_the_vendored_chart_library_is_recorded():
         assert "http://" not in source.replace('"http://www.w3.org/2000/svg"', ""), path.name
     # uPlot is served from the plugin itself (no CDN), with its licence kept beside it
     assert "MIT License" in (STATIC / "uPlot.LICENSE").read_text()
-    assert "1.6.32" in (STATIC / "package.json").read_text()
+    vendored = json.loads((STATIC / "package.json").read_text())["vendored"]["uplot"]
+    assert vendored["version"] == "1.6.32" and vendored["license"] == "MIT"
+    for name, digest in vendored["sha256"].items():  # the files are the registry's, unchanged
+        assert hashlib.sha256((STATIC / name).read_bytes()).hexdigest() == digest, name
     assert (STATIC / "uPlot.esm.js").stat().st_size > 100_000 and (STATIC / "uPlot.min.css").exists()
