@@ -163,3 +163,17 @@ def test_trial_deleted_while_its_rule_runs(tmp_path):
     [outcome] = watcher.stats.outcomes
     assert outcome.status == state.DELETED and outcome.evaluated_steps == 3
     assert watcher.finder.scan() == []  # forgotten, and not found again
+
+
+def test_mlflow_tags_select_trials(tracking, tmp_path):
+    root = tmp_path / "jobs"
+    train(root / "vision", steps=3, mlflow={"experiment": "tags", "tags": {"team": "vision"}})
+    train(root / "nlp", steps=3, mlflow={"experiment": "tags", "tags": {"team": "nlp"}})
+    write_trial(root / "untracked", {s: {"gradient/w": np.full(3, 0.5)} for s in range(3)},
+                collections={"gradients": ["gradient/"]})  # no MLflow run: never selected
+    rules = parse_watch_rules([{"RuleName": "VanishingGradient",
+                                "Trials": {"MlflowTags": {"team": "vision"}}},
+                               {"RuleName": "AllZero", "Trials": {"PathGlob": "n*"}}])
+    stats = _watch(root, rules).run(exit_when_done=True)
+    assert sorted((o.trial.rsplit("/", 1)[1], o.rule) for o in stats.outcomes) == [
+        ("nlp", "AllZero"), ("vision", "VanishingGradient")]
