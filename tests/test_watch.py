@@ -17,6 +17,7 @@ from mlflow import MlflowClient
 
 from mltrace import cli
 from mltrace.exceptions import MltraceValueError
+from mltrace.trials import create_trial
 from mltrace.watch import load_watch_rules, parse_watch_rules, state
 from mltrace.watch.executors import LocalPoolExecutor
 from mltrace.watch.scheduling import Scheduler
@@ -177,3 +178,32 @@ def test_mlflow_tags_select_trials(tracking, tmp_path):
     stats = _watch(root, rules).run(exit_when_done=True)
     assert sorted((o.trial.rsplit("/", 1)[1], o.rule) for o in stats.outcomes) == [
         ("nlp", "AllZero"), ("vision", "VanishingGradient")]
+
+
+def test_tracking_server_down_is_retried_and_left_for_a_restart(tracking, tmp_path, monkeypatch,
+                                                                caplog):
+    """The trial's run file names a tracking server that does not answer (as one whose database
+    is down): the rule runs, its result is kept in the trial, the execution is retried a bounded
+    number of times and not recorded as finished, so a restart gives it its MLflow run."""
+    from mltrace.rules.results import read_results
+
+    trial = tmp_path / "jobs" / "one"
+    train(trial, steps=3, mlflow={"experiment": "down"})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run_file = trial / "mltrace_mlflow_run.json"
+    run_file.write_text(json.dumps(dict(json.loads(run_file.read_text()),
+                                        tracking_uri=f"http://127.0.0.1:{port}")))
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    rules = parse_watch_rules([{"RuleName": "VanishingGradient"}])
+    watcher = Watcher(str(tmp_path / "jobs"), rules,
+                      Scheduler(LocalPoolExecutor(1), 1, max_attempts=2, retry_delay=0.5),
+                      poll_interval=0.5)
+    stats = watcher.run(exit_when_done=True)
+    [outcome] = stats.outcomes
+    assert outcome.status == state.UNAVAILABLE and "MLflow run could not be created" in outcome.error
+    assert "could not run after 2 attempts" in caplog.text
+    assert state.finished_keys(str(trial)) == set()  # a restart runs it again
+    kept = read_results(create_trial(str(trial)).storage)
+    assert [r.status for r in kept] == ["NoIssuesFound", "NoIssuesFound"]  # both attempts' results

@@ -93,6 +93,17 @@ class _DeletionWatch:
                 return
 
 
+def _tracked(trial: Any) -> bool:
+    """True when the trial's hook logged to MLflow and MLflow is installed here."""
+    import importlib.util
+
+    try:
+        return (trial.storage.exists(paths.MLFLOW_RUN_FILE)
+                and importlib.util.find_spec("mlflow") is not None)
+    except Exception:  # the trial's storage went away: nothing to retry for MLflow's sake
+        return False
+
+
 def run_execution(execution: Execution) -> state.Outcome:
     """Run one rule on one trial to the end of training; never raises (see the module)."""
     from mltrace.rules.rule_invoker import create_rule, invoke_rule, load_rule_class
@@ -130,6 +141,14 @@ def run_execution(execution: Execution) -> state.Outcome:
         else:
             logger.error("%s failed: %s\n%s", execution.name, outcome.error,
                          traceback.format_exc())
+    if (outcome.status == state.FINISHED and result is not None
+            and result.mlflow_run_id is None and _tracked(trial)):
+        # The hook logged to MLflow but the rule's run could not be made (tracking server or
+        # its database down): not finished, so that a retry or a restart records it there.
+        outcome.status = state.UNAVAILABLE
+        outcome.error = ("the rule ran, but its MLflow run could not be created (is the "
+                         "tracking server or its database down? see the warning above); its "
+                         "result is in the trial's mltrace_rules/")
     if result is not None:
         outcome.rule_status = result.status
         outcome.mlflow_run_id = result.mlflow_run_id
@@ -138,6 +157,6 @@ def run_execution(execution: Execution) -> state.Outcome:
         outcome.first_step = result.first_step
         outcome.message = result.message
     outcome.ended = time.time()
-    if outcome.status != state.DELETED:  # never bring a deleted trial's folder back
+    if outcome.status in (state.FINISHED, state.FAILED):  # never a deleted trial's folder back
         state.record(outcome, trial.storage)
     return outcome
