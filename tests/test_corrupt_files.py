@@ -35,7 +35,7 @@ from mltrace.format.tensors import encode_tensor
 from mltrace.reductions import compute
 from mltrace.rules.results import RuleResult, read_results
 from mltrace.trials import Trial
-from tb_plugin import views
+from tb_plugin import rules_view, views
 from tests.damaged_trials import (
     GRAD,
     INTS,
@@ -398,7 +398,7 @@ def test_damaged_rule_results_are_skipped(run: Path, caplog: pytest.LogCaptureFi
     assert [r.run_id for r in results] == [good.run_id]
     for name in ("garbage.json", "wrong_types.json", "nested.json"):
         assert any(name in r.getMessage() for r in caplog.records), name
-    assert [r["rule"] for r in views.rules(trial, None)["rules"]] == ["VanishingGradient"]
+    assert [r["rule"] for r in rules_view.rules(trial, None)["rules"]] == ["VanishingGradient"]
 
 
 # -- the TensorBoard panels and smdebug-written trials ------------------------------------------

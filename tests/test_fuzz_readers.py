@@ -45,7 +45,7 @@ from mltrace.format.records import OVERHEAD_BYTES, frame_record, iter_records, u
 from mltrace.format.tensors import BFloat16Bits, decode_tensor, encode_tensor
 from mltrace.rules.results import RuleResult, read_results
 from mltrace.trials import create_trial
-from tb_plugin import views
+from tb_plugin import rules_view, views
 from tests.damaged_trials import (
     Pristine,
     assert_same_value,
@@ -489,7 +489,7 @@ def test_rule_results_loader(pristine: Pristine, scratch: Path) -> None:
             assert isinstance(r.started, float | int) and isinstance(r.fired_steps, list)
             assert all(type(s) is int for s in r.fired_steps)
             assert isinstance(r.parameters, dict)
-        outcome_of("tb_plugin.views.rules", lambda: views.rules(trial, None))  # the Rules panel
+        outcome_of("tb_plugin.rules_view.rules", lambda: rules_view.rules(trial, None))  # the Rules panel
 
     check()
 
