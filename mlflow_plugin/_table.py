@@ -3,8 +3,9 @@ column at full length.
 
 The table is cut into blocks that each fit ``width`` characters: first the runs (number, name,
 steps, status, rules that fired), then the statistics, as many columns per block as fit, each
-block led by the run number. Long names are shortened in the middle (``gradient/…conv1.weight``,
-the ends tell tensors apart); a legend below gives each shortened column's full name.
+block led by the run number. A statistic's column is headed by its name when that is short, else
+by a number that the legend below the table names in full; run names are shortened in the
+middle (``lr-sweep/…=0.1``: the ends tell runs apart).
 """
 
 from __future__ import annotations
@@ -78,10 +79,11 @@ def comparison_text(rows: list[dict[str, Any]], value_columns: list[str],
     legend: list[str] = []
     heads = []
     for i, column in enumerate(value_columns):
-        head = shorten(column, VALUE_WIDTH)
-        if head != column:
-            head = shorten(f"[{i + 1}] {column}", VALUE_WIDTH)
-            legend.append(f"  [{i + 1}] {column}")
+        name = column.removesuffix(" (last)")
+        head = name
+        if len(name) > VALUE_WIDTH:  # a number in the header, the name in the legend below
+            head = f"[{i + 1}]"
+            legend.append(f"  [{i + 1}] {name}")
         heads.append(head)
     cells = [[format_statistic(r.get(c), digits=4) for c in value_columns] for r in rows]
     start = 0
