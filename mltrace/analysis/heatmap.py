@@ -33,6 +33,8 @@ OVERVIEW_STATISTICS = ("l2", "abs_max", "nan_count", "zero_fraction")
 DEFAULT_COLUMNS = 400
 #: Strides of the passes a deadline-bound heat map reads in: a coarse picture of the whole run first.
 COARSE_FIRST = (64, 16, 4, 1)
+#: Tensors read together in one batch (their records of a step share an events file).
+GROUP = 16
 #: What a batch read of stored reductions may raise; the steps are then read one by one.
 _BATCH_FAILS: tuple[type[Exception], ...] = (OSError, *UNREADABLE)
 MAX_COLUMNS = 2000
@@ -111,6 +113,22 @@ def statistic_steps(
     Args:
         only: read only these global steps now (the others stay for a later call).
     """
+    return read_statistics(trial, [tensor], statistic, worker, cache, damaged, only)[0]
+
+
+@dataclass
+class _Plan:
+    """What one tensor still needs read: steps with a stored reduction (and where), the rest."""
+
+    tensor: str
+    known: StepValues
+    stored: list[tuple[int, Any]]  # (global step, Location of the stored reduction)
+    rest: list[int]
+
+
+def _plan(trial: Trial, tensor: str, statistic: str, worker: str | None,
+          cache: StatisticCache | None, damaged: list[Damaged] | None,
+          only: set[int] | None) -> _Plan:
     name, is_abs = parse_statistic(statistic)
     entries = trial.index_entries(tensor)
     known = cache.get((trial.path, tensor, statistic, worker)) if cache is not None else StepValues()
@@ -119,7 +137,7 @@ def statistic_steps(
     if known.signature == signature or (only is not None and not only):
         if damaged is not None:
             damaged.extend(known.damaged)
-        return known
+        return _Plan(tensor, known, [], [])
     have = set(known.steps.tolist())
     new = sorted(s for s in present
                  if s not in have and (only is None or s in only) and trial.is_step_complete(s))
@@ -129,43 +147,65 @@ def statistic_steps(
         damaged.extend(known.damaged)
     if only is None:
         known.signature = signature  # every step read: next time only a changed index reads
-    if not new:
-        return known
-    stored: list[tuple[int, Any]] = []  # (step, Location of the stored reduction)
-    rest: list[tuple[int, Any]] = []
+    plan = _Plan(tensor, known, [], [])
     for step in new:
         by_worker = entries.reductions.get(step)
         loc = None
         if by_worker:
             chosen = worker if worker is not None else min(by_worker)
             loc = by_worker.get(chosen, {}).get((name, is_abs))
-        (stored if loc is not None else rest).append((step, loc))
-    steps: list[int] = []
-    values: list[float] = []
-    if stored:
-        try:
-            arrays = trial.read_tensors([loc for _, loc in stored])
-        except _BATCH_FAILS:  # read one by one below, each with its own checks
-            rest = sorted(rest + stored, key=lambda x: x[0])
+        if loc is not None:
+            plan.stored.append((step, loc))
         else:
-            for (step, _), arr in zip(stored, arrays):
+            plan.rest.append(step)
+    return plan
+
+
+def read_statistics(
+    trial: Trial,
+    tensors: Sequence[str],
+    statistic: str,
+    worker: str | None = None,
+    cache: StatisticCache | None = None,
+    damaged: list[Damaged] | None = None,
+    only: set[int] | None = None,
+) -> list[StepValues]:
+    """:func:`statistic_steps` of several tensors, their stored reductions read in one batch
+    (a step's events file holds every tensor of the step: a local store opens it once)."""
+    plans = [_plan(trial, t, statistic, worker, cache, damaged, only) for t in tensors]
+    batch = [(plan, step, loc) for plan in plans for step, loc in plan.stored]
+    found: dict[str, tuple[list[int], list[float]]] = {p.tensor: ([], []) for p in plans}
+    if batch:
+        try:
+            arrays = trial.read_tensors([loc for _, _, loc in batch])
+        except _BATCH_FAILS:  # read one by one below, each with its own checks
+            for plan in plans:
+                plan.rest = sorted(plan.rest + [s for s, _ in plan.stored])
+        else:
+            for (plan, step, _), arr in zip(batch, arrays):
                 flat = np.asarray(arr).reshape(-1)
+                steps, values = found[plan.tensor]
                 steps.append(step)
                 values.append(float(np.real(flat[0])) if flat.size else float("nan"))
-    t = trial.tensor(tensor)
-    for step, _ in rest:
-        try:
-            row = step_statistics(t, step, ModeKeys.GLOBAL, worker, [statistic])
-        except UNREADABLE as exc:
-            known.damaged.append(left_out(tensor, step, exc))
-            if damaged is not None:
-                damaged.append(known.damaged[-1])
+    for plan in plans:
+        steps, values = found[plan.tensor]
+        if not plan.rest:
+            plan.known.extend(steps, values)
             continue
-        if row and statistic in row:
-            steps.append(step)
-            values.append(row[statistic])
-    known.extend(steps, values)
-    return known
+        t = trial.tensor(plan.tensor)
+        for step in plan.rest:
+            try:
+                row = step_statistics(t, step, ModeKeys.GLOBAL, worker, [statistic])
+            except UNREADABLE as exc:
+                plan.known.damaged.append(left_out(plan.tensor, step, exc))
+                if damaged is not None:
+                    damaged.append(plan.known.damaged[-1])
+                continue
+            if row and statistic in row:
+                steps.append(step)
+                values.append(row[statistic])
+        plan.known.extend(steps, values)
+    return [plan.known for plan in plans]
 
 
 @dataclass
@@ -259,20 +299,22 @@ def tensor_heatmap(
         every = trial.saved_steps(ModeKeys.GLOBAL)
         for stride in COARSE_FIRST:
             subset = set(every[::stride]) if stride > 1 else None
-            for t in tensors:
-                entry = cache.get((trial.path, t, statistic, worker))
-                if entry.stride_read is not None and entry.stride_read <= stride:
-                    continue
+            todo = [t for t in tensors
+                    if (cache.get((trial.path, t, statistic, worker)).stride_read or stride + 1)
+                    > stride]
+            for k in range(0, len(todo), GROUP):
                 if time.monotonic() > deadline:
                     complete = False
                     break
-                statistic_steps(trial, t, statistic, worker, cache, damaged, subset)
-                entry.stride_read = stride
+                group = todo[k:k + GROUP]
+                for entry in read_statistics(trial, group, statistic, worker, cache, damaged,
+                                             subset):
+                    entry.stride_read = stride
             if not complete:
                 break
-    nothing: set[int] = set()
-    found = [(t, statistic_steps(trial, t, statistic, worker, cache, damaged,
-                                 None if complete else nothing)) for t in tensors]
+    rows = read_statistics(trial, tensors, statistic, worker, cache, damaged,
+                           None if complete else set())
+    found = list(zip(tensors, rows))
     if mode is not None:
         in_mode = {g for g in (trial.to_global_step(s, mode) for s in trial.saved_steps(mode))
                    if g is not None}

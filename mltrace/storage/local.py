@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import builtins
 import os
 import threading
+from collections.abc import Sequence
 
 from mltrace.exceptions import MltraceValueError
 from mltrace.storage.base import Storage
@@ -66,6 +68,25 @@ class LocalStorage(Storage):
             if start:
                 f.seek(start)
             return f.read() if length is None else f.read(max(0, min(length, size - start)))
+
+    def read_many(self, requests: Sequence[tuple[str, int, int | None]]) -> builtins.list[bytes]:
+        """Read several (key, start, length) ranges, each file opened once: a reader's batch
+        often holds many records of one events file (every tensor of a step), and opening the
+        file is most of a small read's cost. Clamped as ``read``."""
+        out: builtins.list[bytes] = [b""] * len(requests)
+        by_key: dict[str, list[int]] = {}
+        for i, (key, _, _) in enumerate(requests):
+            by_key.setdefault(key, []).append(i)
+        for key, positions in by_key.items():
+            with open(self._path(key), "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                for i in positions:
+                    _, start, length = requests[i]
+                    if start >= size:
+                        continue
+                    f.seek(start)
+                    out[i] = f.read() if length is None else f.read(max(0, min(length, size - start)))
+        return out
 
     def list(self, prefix: str, start_after: str | None = None) -> list[str]:
         base = self._path(prefix.rstrip("/")) if prefix.strip("/") else self.root
