@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -149,7 +150,7 @@ def main() -> None:
         from mltrace.watch.executors import LocalPoolExecutor
         from mltrace.watch.ray_executor import RayExecutor
 
-        ray_proc, address, _ = start_ray(args.cap, dict(os.environ))
+        ray_proc, address, ray_temp = start_ray(args.cap, dict(os.environ))
         runs: dict[str, list[dict]] = {"pool": [], "ray": []}
         empty_ms = 0.0
         for _ in range(args.rounds):  # interleaved, so that the machine's load hits both alike
@@ -166,7 +167,9 @@ def main() -> None:
     finally:
         if ray_proc is not None:
             stop(ray_proc, timeout=5)
+            shutil.rmtree(ray_temp, ignore_errors=True)
         s3.stop()
+        shutil.rmtree(root, ignore_errors=True)
     n = pool["executions"]
     rows = [("local pool", pool), ("Ray", ray_res)]
     print(f"\n{args.trials} finished trials x {args.steps} steps on S3, {len(RULES)} rules each "
