@@ -63,6 +63,7 @@ class SystemMetrics:
             raise ImportError(f"MLflow's system metrics need psutil ({exc}): pip install psutil") from exc
         self.run_id = run_id
         self._monitor: Any = SystemMetricsMonitor(run_id, resume_logging=resume, tracking_uri=tracking_uri)
+        self._first_step = getattr(self._monitor, "_logging_step", 0)
         self._monitor.start()
         logger.info("MLflow samples system metrics for run %s every %s s", run_id,
                     self._monitor.sampling_interval)
@@ -70,5 +71,15 @@ class SystemMetrics:
     def stop(self) -> None:
         """Stop sampling and log what was sampled (idempotent)."""
         monitor, self._monitor = self._monitor, None
-        if monitor is not None:
-            monitor.finish()
+        if monitor is None:
+            return
+        monitor.finish()
+        if getattr(monitor, "_logging_step", None) == self._first_step:
+            # Training ended within the first sampling interval (MLflow logs a sample only once
+            # an interval has passed): one sample now, so the run still says what it used.
+            try:
+                monitor.collect_metrics()
+                monitor.publish_metrics(monitor.aggregate_metrics())
+                monitor.mlflow_logger.flush()
+            except Exception as exc:  # the run may be gone: the samples are a nicety
+                logger.warning("could not log the last system metrics of run %s: %s", self.run_id, exc)

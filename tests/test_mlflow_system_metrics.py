@@ -51,6 +51,18 @@ def test_system_metrics_in_the_run_the_hook_starts(tracking, tmp_path, monkeypat
     assert len(client.get_metric_history(run.info.run_id, CPU)) == count
 
 
+def test_a_run_shorter_than_one_sampling_interval_still_gets_a_sample(tracking, tmp_path,
+                                                                      monkeypatch):
+    """MLflow logs a sample once an interval has passed; a run that ends sooner gets one sample
+    at its end (what a short fine-tuning job or a test would otherwise lose)."""
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "30")
+    hook = _train_for(0.2, tmp_path / "run", mlflow={"system_metrics": True})
+    client = MlflowClient(tracking)
+    run_id = hook.sinks[0].run_id
+    for key in (CPU, MEMORY):
+        assert _system_steps(client, run_id, key) == [0], key
+
+
 def test_no_system_metrics_unless_asked(tracking, tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.1")
     hook = _train_for(0.5, tmp_path / "run", mlflow=True)
