@@ -21,7 +21,9 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -119,24 +121,24 @@ class MlflowServer:
     s3: S3Server
 
 
-@pytest.fixture(scope="session")
-def mlflow_server(s3_server, tmp_path_factory) -> Iterator[MlflowServer]:
-    """``mlflow server`` on SQLite, artifacts proxied to bucket ``mlflow-artifacts`` of s3_server."""
-    root = tmp_path_factory.mktemp("mlflow-server")
-    bucket = "mlflow-artifacts"
-    s3_server.client().create_bucket(Bucket=bucket)
+@contextmanager
+def running_mlflow_server(backend_uri: str, s3: S3Server, bucket: str, root: Path, what: str,
+                          timeout: float = 120) -> Iterator[tuple[str, str]]:
+    """``mlflow server`` on ``backend_uri`` with artifacts proxied to ``bucket`` (created) of the
+    SeaweedFS server, on a free loopback port, stopped by PID on exit; yields (uri, log path)."""
+    s3.client().create_bucket(Bucket=bucket)
     port = free_port()
-    env = dict(os.environ, MLFLOW_S3_ENDPOINT_URL=s3_server.endpoint, AWS_ACCESS_KEY_ID=S3_KEY,
+    env = dict(os.environ, MLFLOW_S3_ENDPOINT_URL=s3.endpoint, AWS_ACCESS_KEY_ID=S3_KEY,
                AWS_SECRET_ACCESS_KEY=S3_SECRET, AWS_DEFAULT_REGION="us-east-1",
                MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", MLFLOW_DISABLE_TELEMETRY="true")
     env.pop("MLFLOW_TRACKING_URI", None)
-    cmd = [os.path.join(BIN, "mlflow"), "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+    cmd = [os.path.join(BIN, "mlflow"), "server", "--backend-store-uri", backend_uri,
            "--artifacts-destination", f"s3://{bucket}/", "--host", "127.0.0.1", "--port", str(port),
            "--workers", "1"]
     log = str(root / "mlflow-server.log")
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=root, env=env,
-                                start_new_session=True)
+                                start_new_session=True, stdin=subprocess.DEVNULL)
     uri = f"http://127.0.0.1:{port}"
 
     def healthy() -> bool:
@@ -144,7 +146,16 @@ def mlflow_server(s3_server, tmp_path_factory) -> Iterator[MlflowServer]:
             return r.status == 200
 
     try:
-        _wait(healthy, 120, "mlflow server", proc, log)
-        yield MlflowServer(uri, bucket, s3_server)
+        _wait(healthy, timeout, what, proc, log)
+        yield uri, log
     finally:
         stop(proc)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(s3_server, tmp_path_factory) -> Iterator[MlflowServer]:
+    """``mlflow server`` on SQLite, artifacts proxied to bucket ``mlflow-artifacts`` of s3_server."""
+    root = tmp_path_factory.mktemp("mlflow-server")
+    with running_mlflow_server(f"sqlite:///{root / 'mlflow.db'}", s3_server, "mlflow-artifacts",
+                               root, "mlflow server") as (uri, _):
+        yield MlflowServer(uri, "mlflow-artifacts", s3_server)

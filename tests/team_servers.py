@@ -27,13 +27,21 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 
-from tests.servers import S3_KEY, S3_SECRET, S3Server, _tail, _wait, free_port, stop
+from tests.servers import (
+    S3_KEY,
+    S3_SECRET,
+    S3Server,
+    _tail,
+    _wait,
+    free_port,
+    running_mlflow_server,
+    stop,
+)
 
 BIN = os.path.dirname(sys.executable)
 PG_USER, PG_PASSWORD, PG_DB = "mltrace", "mltrace-test-pw", "mlflow"
@@ -158,31 +166,9 @@ def mlflow_pg(postgres, s3_server, tmp_path_factory) -> Iterator[MlflowPgServer]
     """``mlflow server --backend-store-uri postgresql://...`` with artifacts proxied to bucket
     ``mlflow-pg-artifacts`` of the SeaweedFS server."""
     root = tmp_path_factory.mktemp("mlflow-pg")
-    bucket = "mlflow-pg-artifacts"
-    s3_server.client().create_bucket(Bucket=bucket)
-    port = free_port()
-    env = dict(os.environ, MLFLOW_S3_ENDPOINT_URL=s3_server.endpoint, AWS_ACCESS_KEY_ID=S3_KEY,
-               AWS_SECRET_ACCESS_KEY=S3_SECRET, AWS_DEFAULT_REGION="us-east-1",
-               MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", MLFLOW_DISABLE_TELEMETRY="true")
-    env.pop("MLFLOW_TRACKING_URI", None)
-    cmd = [os.path.join(BIN, "mlflow"), "server", "--backend-store-uri", postgres.url,
-           "--artifacts-destination", f"s3://{bucket}/", "--host", "127.0.0.1", "--port",
-           str(port), "--workers", "1"]
-    log = str(root / "mlflow-server.log")
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=root, env=env,
-                                start_new_session=True, stdin=subprocess.DEVNULL)
-    uri = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        with urllib.request.urlopen(f"{uri}/health", timeout=2) as r:
-            return r.status == 200
-
-    try:
-        _wait(healthy, 180, "mlflow server on PostgreSQL", proc, log)
-        yield MlflowPgServer(uri, bucket, s3_server, postgres, log)
-    finally:
-        stop(proc)
+    with running_mlflow_server(postgres.url, s3_server, "mlflow-pg-artifacts", root,
+                               "mlflow server on PostgreSQL", timeout=180) as (uri, log):
+        yield MlflowPgServer(uri, "mlflow-pg-artifacts", s3_server, postgres, log)
 
 
 @dataclass

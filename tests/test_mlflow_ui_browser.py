@@ -9,21 +9,18 @@ Screenshots go to test-artifacts/ (git-ignored).
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
-from selenium import webdriver
 from selenium.common.exceptions import TimeoutException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from mlflow_plugin import description, links
+from tests.browser import headless_chromium
 from tests.mlflow_env import train
 from tests.servers import mlflow_server, s3_server  # noqa: F401 - fixtures
 
@@ -33,21 +30,8 @@ ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 
 @pytest.fixture
 def browser():
-    chromium, driver_bin = shutil.which("chromium"), shutil.which("chromedriver")
-    assert chromium and driver_bin, "install Debian's chromium and chromium-driver (scripts/setup.sh does)"
-    profile = tempfile.mkdtemp(prefix="mltrace-chromium-")  # fresh: no stored workflow choice
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-                "--window-size=1500,1100", f"--user-data-dir={profile}"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(driver_bin), options=options)
-    try:
+    with headless_chromium(1500, 1100) as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.fixture

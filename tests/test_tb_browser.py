@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -22,12 +20,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from tests.browser import headless_chromium
 from tests.rule_trials import write_trial
 from tests.servers import free_port, s3_server  # noqa: F401 - fixture
 from tests.tb_trials import (
@@ -176,21 +173,8 @@ def test_python_loader_reads_the_export_beside_an_ordinary_run(python_server):
 
 @pytest.fixture(scope="module")
 def browser():
-    chromium, driver_bin = shutil.which("chromium"), shutil.which("chromedriver")
-    assert chromium and driver_bin, "install Debian's chromium and chromium-driver (scripts/setup.sh does)"
-    profile = tempfile.mkdtemp(prefix="mltrace-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-                "--window-size=1400,1100", f"--user-data-dir={profile}"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(driver_bin), options=options)
-    try:
+    with headless_chromium(1400, 1100) as driver:
         yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 def _open_tab(driver, url: str, ready: str = ".mt-ov-canvas") -> WebDriverWait:
