@@ -31,7 +31,11 @@ class ByteQueue(Generic[T]):
         self._held = 0  # bytes of items queued or taken and not yet done
         self._unfinished = 0
         self._lock = threading.Lock()
+        # Two conditions on one lock: the consumer waits for items, producers and join() for
+        # bytes to be freed. A task_done then wakes no idle consumer (a wake-up per written
+        # step, and the GIL changing hands for nothing, when the producer writes itself).
         self._changed = threading.Condition(self._lock)
+        self._not_empty = threading.Condition(self._lock)
         #: the most bytes held at once (for tests and benchmarks)
         self.peak_bytes = 0
 
@@ -39,6 +43,16 @@ class ByteQueue(Generic[T]):
     def held_bytes(self) -> int:
         """Bytes of the items queued or being written."""
         return self._held
+
+    def claim_if_idle(self, size: int) -> bool:
+        """Count ``size`` bytes as being written by the caller itself, if nothing is queued or
+        being written now (then True; call ``task_done(size)`` when done, as for an item)."""
+        with self._changed:
+            if self._held or self._items:
+                return False
+            self._held += size
+            self._unfinished += 1
+            return True
 
     def put(self, item: T, size: int, block: bool = True, timeout: float | None = None) -> None:
         """Queue ``item`` of ``size`` bytes, waiting while it would not fit.
@@ -57,7 +71,7 @@ class ByteQueue(Generic[T]):
             self._held += size
             self._unfinished += 1
             self.peak_bytes = max(self.peak_bytes, self._held)
-            self._changed.notify_all()
+            self._not_empty.notify()
 
     def get(self, timeout: float | None = None) -> tuple[T, int]:
         """The oldest ``(item, size)``; call :meth:`task_done` with it once it is handled.
@@ -66,12 +80,12 @@ class ByteQueue(Generic[T]):
             queue.Empty: nothing came within ``timeout`` (``0``: nothing is queued now).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._changed:
+        with self._not_empty:
             while not self._items:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise queue.Empty
-                self._changed.wait(left)
+                self._not_empty.wait(left)
             return self._items.popleft()
 
     def task_done(self, size: int) -> None:

@@ -93,3 +93,53 @@ def test_an_item_larger_than_the_bound_goes_alone() -> None:
         ByteQueue[str](max_bytes=1).get(timeout=0)
     with pytest.raises(ValueError, match="max_bytes=0"):
         ByteQueue[str](max_bytes=0)
+
+
+def _started(writer: TrialWriter) -> None:
+    """Write the collections file and wait for it: the background thread is running and has
+    listed an earlier run's steps, so a step may now be written on this thread."""
+    manager = CollectionManager()
+    manager.add(Collection("default"))
+    writer.write_collections(manager.to_json())
+    writer.flush()
+    writer.inline = True  # whatever the collections file's write said about the disk
+
+
+def _small_steps(writer: TrialWriter, steps: range) -> list[float]:
+    """Write one small step per number; the time each close_step took on this thread."""
+    took = []
+    for step in steps:
+        writer.open_step(step, ModeKeys.TRAIN, step)
+        writer.add_tensor("w", np.full(16, step, dtype=np.float32), ModeKeys.TRAIN, step)
+        started = time.perf_counter()
+        writer.close_step()
+        took.append(time.perf_counter() - started)
+    return took
+
+
+def test_small_steps_on_a_fast_disk_are_written_before_close_step_returns(tmp_path: Path) -> None:
+    """No hand-off to the background thread for a small step while nothing is queued: its
+    files are on disk when close_step returns."""
+    run = tmp_path / "run"
+    writer = TrialWriter(LocalStorage(str(run)), "worker_0")
+    _started(writer)
+    for step in range(5):
+        _small_steps(writer, range(step, step + 1))
+        assert (run / "index" / "000000000" / f"{step:012d}_worker_0.json").exists(), step
+    assert writer.inline
+    writer.close()
+    assert create_trial(str(run)).steps() == list(range(5))
+
+
+def test_a_slow_disk_sends_small_steps_back_to_the_background_thread(tmp_path: Path) -> None:
+    """One write on the training thread that takes longer than INLINE_MAX_SECONDS is enough:
+    later steps are queued, so training no longer waits for each write."""
+    disk = ThrottledDisk(str(tmp_path / "run"), delay=0.03)
+    writer = TrialWriter(disk, "worker_0")
+    _started(writer)
+    first = _small_steps(writer, range(1))
+    assert first[0] > 0.05 and not writer.inline  # written here (2 files), found slow
+    later = _small_steps(writer, range(1, 11))
+    assert sum(later) < 0.05  # 10 steps queued, not 20 writes of 30 ms waited for
+    writer.close()
+    assert create_trial(str(tmp_path / "run")).steps() == list(range(11))
