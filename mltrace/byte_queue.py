@@ -32,8 +32,7 @@ class ByteQueue(Generic[T]):
         self._unfinished = 0
         self._lock = threading.Lock()
         # Two conditions on one lock: the consumer waits for items, producers and join() for
-        # bytes to be freed. A task_done then wakes no idle consumer (a wake-up per written
-        # step, and the GIL changing hands for nothing, when the producer writes itself).
+        # bytes to be freed, so a task_done wakes no idle consumer for nothing.
         self._changed = threading.Condition(self._lock)
         self._not_empty = threading.Condition(self._lock)
         #: the most bytes held at once (for tests and benchmarks)
@@ -43,16 +42,6 @@ class ByteQueue(Generic[T]):
     def held_bytes(self) -> int:
         """Bytes of the items queued or being written."""
         return self._held
-
-    def claim_if_idle(self, size: int) -> bool:
-        """Count ``size`` bytes as being written by the caller itself, if nothing is queued or
-        being written now (then True; call ``task_done(size)`` when done, as for an item)."""
-        with self._changed:
-            if self._held or self._items:
-                return False
-            self._held += size
-            self._unfinished += 1
-            return True
 
     def put(self, item: T, size: int, block: bool = True, timeout: float | None = None) -> None:
         """Queue ``item`` of ``size`` bytes, waiting while it would not fit.

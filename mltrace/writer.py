@@ -3,11 +3,6 @@
 Records of a step are encoded on the training thread (cheap: bytes are built in memory) and the
 finished files are handed to one background thread that writes them in order: the events file
 before its index file, so that a reader that finds an index file always finds its events file.
-On local storage, a small step (up to INLINE_MAX_BYTES) is written on the training thread itself
-when nothing is queued or being written: the hand-off costs more than such a write, and order
-is kept since the thread is idle then. Big steps go through the thread, and so does every step
-once one such write took longer than INLINE_MAX_SECONDS: a slow disk then slows saving only as
-far as the bounded queue allows.
 
 Remote stores (S3) can be down. Then files go to a local spill folder (mltrace.spill) instead of
 waiting: when the bounded queue is full or the store refuses a file, that file and every later
@@ -59,14 +54,6 @@ logger = logging.getLogger(__name__)
 _STOP = object()
 #: What the background thread may hold before the training thread waits (see TrialWriter).
 DEFAULT_MAX_PENDING_BYTES = 256 << 20
-#: On local storage, a group of files up to this size is written on the submitting (training)
-#: thread when nothing is queued: for a small step, the hand-off to the background thread (its
-#: wake-up, the GIL changing hands both ways) cost more than the write itself (0.72 -> 0.56 ms
-#: added per step on a 9-tensor MLP saving every step).
-INLINE_MAX_BYTES = 256 << 10
-#: A write on the training thread that takes longer than this means a slow disk (a network
-#: file system): every later step then goes to the background thread.
-INLINE_MAX_SECONDS = 0.005
 # _write_one's outcomes.
 _WRITTEN, _SPILL, _LOST = "written", "spill", "lost"
 
@@ -110,8 +97,6 @@ class TrialWriter:
         self.spill = SpillDir(spill_root or default_spill_root(), storage.uri, self.worker) if remote else None
         self._spill_lock = threading.Lock()
         self._outage_logged = False
-        #: small steps may be written on the training thread (see INLINE_MAX_BYTES)
-        self.inline = True
 
     # -- one step -------------------------------------------------------------------------------
     def open_step(self, step: int, mode: ModeKeys, mode_step: int) -> None:
@@ -183,18 +168,7 @@ class TrialWriter:
             self._thread = threading.Thread(target=self._run, name="mltrace-writer", daemon=True)
             self._thread.start()
         if self.spill is None:
-            size = _size(files)
-            if (self.inline and size <= INLINE_MAX_BYTES and self._earlier_steps is not None
-                    and self._queue.claim_if_idle(size)):
-                start = time.perf_counter()
-                try:  # a small step while the disk keeps up: written here, no thread hand-off
-                    self._write_group(files)
-                finally:
-                    self._queue.task_done(size)
-                if time.perf_counter() - start > INLINE_MAX_SECONDS:
-                    self.inline = False  # a slow disk: from now on the thread hides its latency
-                return
-            self._queue.put(files, size)  # local disk: waiting for the queue is waiting for the disk
+            self._queue.put(files, _size(files))  # local disk: waiting for the queue is waiting for the disk
             return
         with self._spill_lock:
             if self.spill.pending:  # keep order: once spilling, everything goes behind the spill
