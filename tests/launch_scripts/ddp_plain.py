@@ -30,7 +30,7 @@ def main() -> None:
         loss = loss_fn(ddp(x), y)
         loss.backward()
         optimizer.step()
-    print(f"rank {rank} last loss {loss.item():.4f}")
+    print(f"rank {rank} last loss {loss.item():.4f}", flush=True)  # before gloo's teardown
     dist.destroy_process_group()
 
 
