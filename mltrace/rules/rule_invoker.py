@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -194,6 +194,31 @@ def rule_parameters(cls: type[Rule]) -> dict[str, inspect.Parameter]:
     return {n: p for n, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
 
 
+def check_parameters(cls: type[Rule], params: Iterable[str], label: str,
+                     supplied: Iterable[str] = ()) -> dict[str, inspect.Parameter]:
+    """The parameters of rule ``cls`` (as rule_parameters), after checking that ``params``
+    names only those and every required one but ``supplied`` (given another way).
+
+    Raises:
+        MltraceValueError: ``"<label> has no parameter ..."`` listing the valid ones, or
+            ``"<label> needs parameter(s) ..."``.
+    """
+    valid = rule_parameters(cls)
+    given = set(params)
+    unknown = sorted(given - set(valid))
+    if unknown:
+        raise MltraceValueError(
+            f"{label} has no parameter {', '.join(unknown)}; its parameters are: "
+            + (", ".join(f"{n} (default {p.default!r})" if p.default is not p.empty
+                         else f"{n} (required)" for n, p in valid.items()) or "none")
+        )
+    missing = [n for n, p in valid.items()
+               if p.default is p.empty and n not in given and n not in supplied]
+    if missing:
+        raise MltraceValueError(f"{label} needs parameter(s) {', '.join(missing)}")
+    return valid
+
+
 def create_rule(cls: type[Rule], base_trial: Any, other_trials: list[Any], params: dict[str, str],
                 action_str: str | None = None) -> Rule:
     """Instantiate ``cls`` with string parameters, checking names against its constructor.
@@ -201,17 +226,7 @@ def create_rule(cls: type[Rule], base_trial: Any, other_trials: list[Any], param
     Raises:
         MltraceValueError: an unknown or missing parameter, listing the valid ones.
     """
-    valid = rule_parameters(cls)
-    unknown = sorted(set(params) - set(valid))
-    if unknown:
-        raise MltraceValueError(
-            f"rule {cls.__name__} has no parameter {', '.join(unknown)}; its parameters are: "
-            + (", ".join(f"{n} (default {p.default!r})" if p.default is not p.empty
-                         else f"{n} (required)" for n, p in valid.items()) or "none")
-        )
-    missing = [n for n, p in valid.items() if p.default is p.empty and n not in params]
-    if missing:
-        raise MltraceValueError(f"rule {cls.__name__} needs parameter(s) {', '.join(missing)}")
+    valid = check_parameters(cls, params, f"rule {cls.__name__}")
     signature = inspect.signature(cls.__init__).parameters
     kwargs: dict[str, Any] = dict(params)
     if "other_trials" in signature:

@@ -27,8 +27,8 @@ from mltrace.exceptions import MltraceValueError
 from mltrace.rules.rule_invoker import (
     SAGEMAKER_ONLY_KEYS,
     SPEC_KEYS,
+    check_parameters,
     load_rule_class,
-    rule_parameters,
 )
 
 logger = logging.getLogger(__name__)
@@ -144,17 +144,7 @@ def _parse_entry(spec: Any, where: str) -> WatchRule:
     except MltraceValueError as exc:  # an unknown rule: the message lists the known ones
         text = str(exc).replace("pass --rule-file FILE", 'give "SourceS3Uri": FILE')
         raise MltraceValueError(f"{where}: {text}") from None
-    valid = rule_parameters(cls)
-    bad = sorted(set(params) - set(valid))
-    if bad:
-        raise MltraceValueError(
-            f"{where}: rule {name} has no parameter {', '.join(bad)}; its parameters are: "
-            + (", ".join(f"{n} (default {p.default!r})" if p.default is not p.empty
-                         else f"{n} (required)" for n, p in valid.items()) or "none"))
-    missing = [n for n, p in valid.items() if p.default is p.empty and n not in params
-               and not (n == "other_trial" and others)]
-    if missing:
-        raise MltraceValueError(f"{where}: rule {name} needs parameter(s) {', '.join(missing)}")
+    check_parameters(cls, params, f"{where}: rule {name}", ("other_trial",) if others else ())
     return WatchRule(name=cls.__name__ if source is None else name, source=source,
                      params=tuple(sorted(params.items())), start_step=start, end_step=end,
                      other_trials=others, selector=_selector(spec.get(TRIALS_KEY), where, name))
