@@ -286,9 +286,9 @@ def _combine_group(members: list[_Partials]) -> None:
     """Combine the partials of tensors sharded over one process group and set their results."""
     group = members[0].group
     assert group is not None
-    local = [m.sums for m in members if m.sums is not None]
-    device = local[0].device
-    sums = torch.stack([partials[:6] for partials in local])
+    local = torch.stack([m.sums for m in members if m.sums is not None])  # every member's
+    device = local.device
+    sums = local[:, :6].clone()  # all-reduced in place: a copy, local keeps this rank's
     pending = [_all_reduce_async(sums, dist.ReduceOp.SUM, group)]
     lows = products = None
     if any(m.extremes is not None for m in members):
@@ -303,22 +303,21 @@ def _combine_group(members: list[_Partials]) -> None:
         work.wait()
     deviations = None
     if any(set(m.names) & _STD_NAMES for m in members):
-        deviations = _deviations(members, sums, group)
+        deviations = _deviations(members, local, sums, group)
     values = _to_host(sums, lows, products, deviations)
     for i, member in enumerate(members):
         member.ready = _results(member, [v[i] if v is not None else None for v in values])
 
 
-def _deviations(members: list[_Partials], global_sums: torch.Tensor,
+def _deviations(members: list[_Partials], local: torch.Tensor, global_sums: torch.Tensor,
                 group: dist.ProcessGroup) -> torch.Tensor:
     """Each tensor's sum of squared deviations from its global mean, of x and of |x|, combined
-    over ``group``: every rank adds its local one (column 6 and 7 of its partials, about its
-    own mean) and ``n_i * (mean_i - mean)**2`` (Chan et al.), then one SUM all-reduce."""
+    over ``group``: every rank adds its local one (columns 6 and 7 of its stacked partials
+    ``local``, about its own mean) and ``n_i * (mean_i - mean)**2`` (Chan et al.), then one SUM all-reduce."""
     device = global_sums.device
     counts = torch.tensor([float(m.count) for m in members], dtype=torch.float64, device=device)
     local_counts = torch.tensor([float(m.local_count) for m in members], dtype=torch.float64,
                                 device=device)
-    local = torch.stack([m.sums for m in members if m.sums is not None])
     global_means = global_sums[:, 0:2] / counts[:, None]
     local_means = local[:, 0:2] / local_counts.clamp(min=1.0)[:, None]
     between = local_counts[:, None] * (local_means - global_means).square()
