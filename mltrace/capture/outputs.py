@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from mltrace.capture.adapter import Adapter
+from mltrace.capture.adapter import Adapter, ReductionItems
 from mltrace.capture.clock import StepClock
 from mltrace.capture.plan import what_to_save
 from mltrace.collections import (
@@ -60,7 +60,7 @@ class Outputs:
         #: Names written in the current step (a tensor is written once per step).
         self.written: set[str] = set()
         #: Reductions started this step (name, items, adapter's handle), written at its end.
-        self._reductions: list[tuple[str, list[tuple[str, bool]], Any]] = []
+        self._reductions: list[tuple[str, ReductionItems, Any]] = []
         self._unsupported: set[str] = set()
         self._collections_written = False
 
