@@ -230,6 +230,9 @@ def test_a_hook_left_open_writes_nothing_into_an_out_dir_re_created_for_another_
     _torch_loop(first, model, 2)
     first.save_tensor("first_after_loop", np.ones(1), "first_only")  # would make one more step
     # The notebook's next run: the folder deleted and made again, a new hook, no close() before.
+    # (Deleted once the files of steps 0 and 1 are on disk, as after a finished cell; rmtree
+    # would trip over a temporary file the writer renames while it walks the folder.)
+    first.writer.flush()
     shutil.rmtree(out_dir)
     os.makedirs(out_dir)
     smd.del_hook()

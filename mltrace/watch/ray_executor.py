@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from concurrent.futures import Future
 from typing import Any
 
@@ -59,17 +60,7 @@ class RayExecutor:
         self.address = address
         self.num_cpus = num_cpus
         _check_reachable(address)
-        try:
-            ray.init(address=address, runtime_env={"env_vars": forwarded_env()},
-                     logging_level=logging.WARNING, log_to_driver=True,
-                     namespace="mltrace-watch")
-        except Exception as exc:
-            raise MltraceRuntimeError(
-                f"cannot connect to the Ray cluster at --ray-address {address!r}: "
-                f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''}; "
-                "start one with 'ray start --head' (then use 'auto' or its address, or "
-                "ray://HOST:10001 for Ray Client), or leave --ray-address out to use a local "
-                "process pool") from None
+        _connect(ray, address)
         self._ray = ray
         self._task = ray.remote(run_execution).options(num_cpus=num_cpus, max_retries=0)
         self._actor_cls = ray.remote(_RuleActor).options(num_cpus=num_cpus, max_restarts=0)
@@ -101,6 +92,52 @@ class RayExecutor:
                 logger.debug("could not kill actor: %s", exc)
         self._actors.clear()
         self._ray.shutdown()
+
+
+#: Ray Client's proxy starts a server per client and can fail to under load; tries in all
+CLIENT_CONNECT_ATTEMPTS = 3
+
+
+def _connect(ray: Any, address: str) -> None:
+    """``ray.init`` at ``address``; a Ray Client connection the server aborts while starting
+    (``ConnectionAbortedError``: its per-client server did not come up in time, which happens
+    on a loaded head node) is tried again, up to CLIENT_CONNECT_ATTEMPTS times.
+
+    Raises:
+        MltraceRuntimeError: the cluster did not accept the connection; names the address, the
+            cause (the last line of the server's traceback for Ray Client) and what to do.
+    """
+    for attempt in range(1, CLIENT_CONNECT_ATTEMPTS + 1):
+        try:
+            ray.init(address=address, runtime_env={"env_vars": forwarded_env()},
+                     logging_level=logging.WARNING, log_to_driver=True,
+                     namespace="mltrace-watch")
+            return
+        except ConnectionAbortedError as exc:
+            if attempt == CLIENT_CONNECT_ATTEMPTS:
+                raise _connect_error(address, exc) from None
+            logger.warning("the Ray cluster at %s aborted the connection (%s); trying again "
+                           "(%d of %d)", address, _last_line(exc), attempt + 1,
+                           CLIENT_CONNECT_ATTEMPTS)
+            ray.shutdown()
+            time.sleep(2.0 * attempt)
+        except Exception as exc:
+            raise _connect_error(address, exc) from None
+
+
+def _last_line(exc: BaseException) -> str:
+    """The last non-empty line of ``exc``'s message (Ray Client puts the server's traceback
+    there, whose last line is the cause)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _connect_error(address: str, exc: BaseException) -> MltraceRuntimeError:
+    return MltraceRuntimeError(
+        f"cannot connect to the Ray cluster at --ray-address {address!r}: "
+        f"{type(exc).__name__}: {_last_line(exc)}; start one with 'ray start --head' (then use "
+        "'auto' or its address, or ray://HOST:10001 for Ray Client), or leave --ray-address out "
+        "to use a local process pool")
 
 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:
