@@ -23,6 +23,7 @@ from mltrace.capture.adapter import Adapter, as_numpy
 from mltrace.capture.checkpoint import CheckpointState
 from mltrace.capture.clock import StepClock
 from mltrace.capture.errors import ErrorPolicy, guarded
+from mltrace.capture.flight_recorder import FlightRecorder, check_collections, watch_exceptions
 from mltrace.capture.nan_watch import NanWatch
 from mltrace.capture.options import HookOptions
 from mltrace.capture.out_dir import OutDirGuard
@@ -141,6 +142,8 @@ class Hook:
         self.outputs = Outputs(self.storage, self.tensorboard_dir, options.strict, self.adapter,
                                self.clock, lambda: self.collection_manager.to_json())
         self.stop = StopSignal(self.storage, options.stop_check_interval)
+        #: The flight recorder (mltrace.capture.flight_recorder), if the options ask for one.
+        self.recorder = self._make_recorder(options)
         self.step_active = False  # the fast-path flag adapters test before doing any work
         #: True once the current step's files are written (see end_step).
         self.step_written = False
@@ -162,6 +165,20 @@ class Hook:
         _current_hook = self
         atexit.register(_close_at_exit, weakref.ref(self))
         logger.info("mltrace hook writing to %s, saving collections %s", options.out_dir, self.include_collections)
+
+    def _make_recorder(self, options: HookOptions) -> FlightRecorder | None:
+        config = options.flight_recorder
+        if config is None or options.dry_run:
+            return None
+        assert not isinstance(config, (dict, bool))
+        if config.collections is not None:
+            check_collections(config.collections, self.collection_manager.get_collections())
+        recorder = FlightRecorder(config, self.adapter)
+        recorder.on_dump = self._tell_sinks_of_dump
+        self.stop.watch_dump_requests = True
+        if config.on_exception:
+            watch_exceptions(self)
+        return recorder
 
     def _check_out_dir(self) -> None:
         if self.options.dry_run:
@@ -236,6 +253,9 @@ class Hook:
     def _prepare(self) -> None:
         self.adapter.on_prepare()
         self.plan.prepare()
+        if self.recorder is not None:
+            self.plan.watch(self.recorder.resolve(self.plan.saved,
+                                                  self.collection_manager.get_collections()))
         self.nan_watch.watched = self.plan.nan_watch
         self.adapter.on_prepared()
 
@@ -247,6 +267,8 @@ class Hook:
         self.collection_manager.num_workers = self.num_workers if self.include_workers == "all" else 1
         self.out_dir_guard.claim()
         self.outputs.open(self.worker, chief)
+        if self.recorder is not None:
+            self.recorder.worker = self.recorder.record.worker = self.worker
 
     def begin_step(self, step: int | None = None) -> None:
         """Close the previous step and start the next one: adapters call this at a step boundary.
@@ -263,12 +285,14 @@ class Hook:
         if self.checkpoint is not None:
             self._checkpoint_boundary(counted=step is None)
         self.clock.advance(step)
-        self._decide_due()
+        due = self._decide_due()
         self.step_written = False
         self.nan_watch.begin_step()
-        self.outputs.begin_step(open_files=self.step_active)
+        self.outputs.begin_step(open_files=due)
         if self.writer is not None:
             self.stop.poll()
+            if self.recorder is not None:
+                self._begin_recording()
         carried, self._carried = self._carried, {}
         for name, (value, collections) in carried.items():
             self._save_tensor(name, value, collections)
@@ -288,9 +312,24 @@ class Hook:
             return
         self.checkpoint.at_boundary(self.clock)
 
-    def _decide_due(self) -> None:
-        """Ask the save plan what is due at the current step; set the adapters' fast-path flag."""
-        self.step_active = self.plan.begin(self.clock.mode, self.clock.mode_step) or bool(self.plan.nan_watch)
+    def _decide_due(self) -> bool:
+        """Ask the save plan what is due at the current step; set the adapters' fast-path flag
+        (also on for the NaN watch and a flight recorder, which look at every step). True if
+        something is due."""
+        due = self.plan.begin(self.clock.mode, self.clock.mode_step)
+        recording = self.recorder is not None and self.recorder.enabled and self.writer is not None
+        self.step_active = due or bool(self.plan.nan_watch) or recording
+        return due
+
+    def _begin_recording(self) -> None:
+        assert self.recorder is not None
+        request, self.stop.dump_request = self.stop.dump_request, None
+        if request is not None:
+            rule = request.get("rule")
+            reason = str(request.get("reason") or request.get("message") or "")
+            self.recorder.trigger("rule" if rule else "manual",
+                                  f"{rule or 'a request'} asked for a dump" + (f": {reason}" if reason else ""))
+        self.recorder.begin_step(self.clock.step, self.clock.mode, self.clock.mode_step)
 
     def end_step(self) -> None:
         """Write what the current step collected and close its files. Values saved after this and
@@ -307,7 +346,13 @@ class Hook:
             self.outputs.write_tensor(name, array, array, colls, on_host=True)
         if (self.writer.step_open or self.outputs.pending_scalars) and self.out_dir_guard.replaced():
             self._leave_replaced_out_dir()
+        recorder = self.recorder if self.writer is not None else None
+        if recorder is not None:
+            self.outputs.write_pending()  # the step's own reductions first: the recorder's skip them
+            recorder.end_step(self.outputs.write_records)
         self.outputs.end_step()
+        if recorder is not None:
+            recorder.dump_pending(self.writer)
         self.step_active = False
         self.step_written = True
 
@@ -325,6 +370,9 @@ class Hook:
                 self.nan_watch.observe(name, array)
         elif self.plan.nan_watch:
             self._watch_nan(name, value, colls)
+        recorder = self.recorder
+        if recorder is not None and recorder.current is not None:
+            recorder.observe(name, value, colls)
 
     def _watch_nan(self, name: str, value: Any, colls: tuple[Collection, ...]) -> None:
         saving = self.nan_watch.saving_on_nan(colls, self.clock.mode)
@@ -443,6 +491,40 @@ class Hook:
         if self.strict:
             self.outputs.raise_write_failure()
 
+    @guarded(user_facing=True)
+    def dump_flight_recorder(self, reason: str = "asked by hand") -> None:
+        """Write the flight recorder's steps to the trial now (between steps) or at the current
+        step's end, and the next ``after_steps`` steps at full resolution, as any trigger does.
+
+        Raises:
+            mltrace.exceptions.MltraceValueError: the hook has no flight recorder.
+        """
+        if self.recorder is None:
+            raise MltraceValueError(
+                "dump_flight_recorder: this hook has no flight recorder; pass "
+                "flight_recorder=FlightRecorderConfig(steps=50) to the hook")
+        if self.recorder.trigger("manual", str(reason)) and (self.step_written or not self.step_active):
+            self.recorder.dump_pending(self.writer)
+
+    def flight_recorder_exception(self, reason: str) -> None:
+        """An exception escaped the training script (see watch_exceptions): dump at the
+        current step's end, which closing the hook at exit writes."""
+        if self.recorder is not None and not self._closed and not self.disabled:
+            self.recorder.trigger("exception", reason)
+
+    def _tell_sinks_of_dump(self, record: Any, dump: Any) -> None:
+        """Sinks that show dumps (MLflow's tags) hear of each; a sink's failure is logged."""
+        for sink in self.sinks:
+            told = getattr(sink, "flight_recorder_dumped", None)
+            if told is None:
+                continue
+            try:
+                told(record, dump)
+            except Exception as exc:
+                if self.strict:
+                    raise
+                logger.error("sink %r could not record the flight recorder's dump: %s", sink, exc)
+
     def _leave_replaced_out_dir(self) -> None:
         """The out_dir was deleted (and maybe made again for another run) since this hook began
         writing: write nothing more there (see mltrace.capture.out_dir)."""
@@ -499,6 +581,9 @@ class Hook:
                 if self.step_written and (self.outputs.pending_scalars or self._carried):
                     self.begin_step()  # saved after the last step's files: one step more
                 self.end_step()
+                if self.recorder is not None and self.writer is not None:
+                    self.recorder.dump_pending(self.writer)  # a dump asked for after the last step
+                    self.recorder.write_record(self.writer)
             self.outputs.finish(write_end_marker)
         finally:
             # Sinks close last, also when nothing was written: they upload the trial's files

@@ -129,6 +129,10 @@ class TrialWriter:
         step.index.tensors.append(IndexEntry(name, step.size, length, crc))
         step.size += length
 
+    def record_names(self) -> set[str]:
+        """Names of the records in the open step so far."""
+        return {entry.tensorname for entry in self._step.index.tensors} if self._step is not None else set()
+
     def add_shape(self, name: str, shape: tuple[int, ...]) -> None:
         """Record a tensor's shape in the open step's index (no record is written)."""
         assert self._step is not None, "open_step() first"

@@ -113,6 +113,26 @@ class Adapter:
         :meth:`reduce` returns them)."""
         return list(started)
 
+    # -- the flight recorder (mltrace.capture.flight_recorder) ----------------------------------
+    def recordable(self, value: Any) -> bool:
+        """True if the flight recorder can keep ``value`` (its reductions need no collective)."""
+        return True
+
+    def shape_and_dtype(self, value: Any) -> tuple[tuple[int, ...], Any]:
+        """``value``'s shape and its numpy dtype (or the framework's, where numpy has none),
+        read without copying it."""
+        array = np.asarray(value) if not hasattr(value, "shape") else value
+        return tuple(int(s) for s in array.shape), getattr(array, "dtype", np.float64)
+
+    def snapshot(self, value: Any) -> Any:
+        """A copy of ``value`` that later changes to it do not reach, kept where it lives (the
+        recorder's raw copies); :meth:`to_numpy` turns it into a host array when dumped."""
+        return np.array(self.to_numpy(value), copy=True, subok=True)
+
+    def nbytes(self, snapshot: Any) -> int:
+        """The memory a :meth:`snapshot` takes."""
+        return int(snapshot.nbytes)
+
     def is_member(self, collection: Collection, name: str) -> bool:
         """True if the tensor ``name`` belongs to ``collection`` (default: its names and regexes)."""
         return collection.matches(name)

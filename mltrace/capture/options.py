@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mltrace.capture.flight_recorder import FlightRecorderConfig
 from mltrace.config import ReductionConfig, SaveConfig, name_list
 from mltrace.exceptions import MltraceValueError
 
@@ -40,6 +41,9 @@ class HookOptions:
             for the MLflow sink (``experiment``, ``run_name``, ``tracking_uri``, ``run_id``,
             ``system_metrics``: MLflow's CPU, memory and GPU utilization in the run).
         stop_check_interval: seconds between looks for a rule's stop signal (never per step).
+        flight_recorder: keep the last steps of chosen collections in memory and write them
+            when something goes wrong (a FlightRecorderConfig, a dict of its fields, or True
+            for its defaults; see mltrace.capture.flight_recorder).
     """
 
     out_dir: str
@@ -56,6 +60,7 @@ class HookOptions:
     mlflow: bool | dict[str, Any] | None = None
     stop_check_interval: float | None = None
     sinks: dict[str, Any] = field(default_factory=dict)
+    flight_recorder: FlightRecorderConfig | dict[str, Any] | bool | None = None
 
     def __post_init__(self) -> None:
         if not self.out_dir:
@@ -68,6 +73,7 @@ class HookOptions:
             self.include_collections = name_list(
                 "include_collections", self.include_collections, "collection name", "weights")
         self.dry_run, self.strict, self.save_all = bool(self.dry_run), bool(self.strict), bool(self.save_all)
+        self.flight_recorder = FlightRecorderConfig.parse(self.flight_recorder)
         if self.mlflow and "mlflow" not in self.sinks:
             self.sinks["mlflow"] = {} if self.mlflow is True else dict(self.mlflow)
 

@@ -88,6 +88,15 @@ class Outputs:
         """Write the step's scalars and close its files (the collections file after the first)."""
         if not self._clock.started or self.writer is None:
             return
+        self.write_pending()
+        if self.writer.close_step() and not self._collections_written:
+            self.write_collections()
+            self._collections_written = True
+
+    def write_pending(self) -> None:
+        """Write the step's reductions and scalars into its file, which stays open."""
+        if not self._clock.started or self.writer is None:
+            return
         self._write_reductions()
         if self.pending_scalars:
             self._open_step()
@@ -97,9 +106,17 @@ class Outputs:
                     self.tensorboard.add_scalar(self._clock.step_mode, self._clock.step, name,
                                                 float(value.reshape(-1)[0]), ts)
             self.pending_scalars.clear()
-        if self.writer.close_step() and not self._collections_written:
-            self.write_collections()
-            self._collections_written = True
+
+    def write_records(self, records: Iterable[tuple[str, np.ndarray]]) -> None:
+        """Write finished records (the flight recorder's) into the current step, each unless a
+        record of that name is in the step already (saved by the step's own collections)."""
+        if self.writer is None:
+            return
+        self._open_step()
+        written = self.writer.record_names()
+        for name, value in records:
+            if name not in written:
+                self._write_record(name, value)
 
     def write_collections(self) -> None:
         """(Re)write the collections file: tensor names are added to collections as seen."""

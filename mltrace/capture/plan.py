@@ -50,6 +50,9 @@ class SavePlan:
         self.prepared = False
         #: The collections saved, fixed when the first step starts.
         self.saved: list[Collection] = []
+        #: The saved collections and those only the flight recorder keeps (see :meth:`watch`).
+        self.watched: list[Collection] = []
+        self._recorded: list[Collection] = []
         #: Names of tensors watched for NaN (SaveConfigMode.when_nan).
         self.nan_watch: frozenset[str] = frozenset()
         self._members: dict[str, tuple[Collection, ...]] = {}
@@ -78,6 +81,8 @@ class SavePlan:
         if coll in self.saved:
             return False
         self.saved.append(coll)
+        if coll not in self.watched:
+            self.watched.append(coll)
         self._members.clear()
         return True
 
@@ -100,11 +105,20 @@ class SavePlan:
             if saving_all or name in self.include_collections:
                 self.saved.append(coll)
         self._warn_missing()
+        self.watched = self.saved + [c for c in self._recorded if c not in self.saved]
         self._members.clear()
         watched = (c.effective_save_config().watched_nan_tensors() for c in self.saved)
         self.nan_watch = frozenset(set().union(*watched) | self.save_config.watched_nan_tensors())
         self.prepared = True
         logger.info("Monitoring the collections: %s", ", ".join(c.name for c in self.saved))
+
+    def watch(self, recorded: Iterable[Collection]) -> None:
+        """Also find the tensors of ``recorded`` (the flight recorder's collections), whether or
+        not they are saved: :meth:`collections_of` returns them, :meth:`due_for` never does
+        unless they are saved and due."""
+        self._recorded = list(recorded)
+        self.watched = self.saved + [c for c in self._recorded if c not in self.saved]
+        self._members.clear()
 
     def _check(self, name: str, coll: Collection, collections: dict[str, Collection]) -> None:
         if name not in self._builtin and not coll.include_regex and not coll.tensor_names:
@@ -136,10 +150,11 @@ class SavePlan:
 
     # -- membership -----------------------------------------------------------------------------
     def collections_of(self, name: str) -> tuple[Collection, ...]:
-        """The saved collections ``name`` belongs to (memoized; records the name in them)."""
+        """The saved (or recorded) collections ``name`` belongs to (memoized; records the name
+        in them)."""
         found = self._members.get(name)
         if found is None:
-            found = tuple(c for c in self.saved if self._is_member(c, name))
+            found = tuple(c for c in self.watched if self._is_member(c, name))
             for c in found:
                 c.add_tensor_name(name)
             self._members[name] = found
@@ -155,7 +170,7 @@ class SavePlan:
     def may_save(self, name: str) -> bool:
         """True if some saved collection could match ``name`` (or it is watched for NaN): a
         framework callback that can never save anything need not be installed."""
-        return name in self.nan_watch or any(self._is_member(c, name) for c in self.saved)
+        return name in self.nan_watch or any(self._is_member(c, name) for c in self.watched)
 
     @property
     def memo_size(self) -> int:

@@ -1,5 +1,6 @@
 """A rule's request to stop training, read from the trial's stop-signal file (see
-mltrace.rules.actions, which writes it)."""
+mltrace.rules.actions, which writes it); and, on the same looks, a request to dump the flight
+recorder (mltrace.format.flight_record.REQUEST_FILE)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 from mltrace.exceptions import StopTrainingRequested
 from mltrace.format import paths
+from mltrace.format.flight_record import REQUEST_FILE
 from mltrace.storage.base import Storage
 
 logger = logging.getLogger("mltrace.hook")
@@ -26,6 +28,13 @@ class StopSignal:
         self._next_look = 0.0
         #: The signal's content once a rule asked to stop, else None.
         self.requested: dict[str, Any] | None = None
+        #: Look for dump requests too (the hook has a flight recorder); requests older than
+        #: this hook are an earlier run's.
+        self.watch_dump_requests = False
+        self._dump_ids_seen: set[str] = set()
+        self._started = time.time()
+        #: A dump request not handled yet (its content), else None.
+        self.dump_request: dict[str, Any] | None = None
 
     def poll(self) -> bool:
         """Look for the signal if it is time to; True once training was asked to stop."""
@@ -35,6 +44,8 @@ class StopSignal:
         if now < self._next_look:
             return False
         self._next_look = now + self.interval
+        if self.watch_dump_requests:
+            self._look_for_dump_request()
         try:
             if not self._storage.exists(paths.STOP_SIGNAL_FILE):
                 return False
@@ -48,6 +59,25 @@ class StopSignal:
         logger.warning("rule %s asked training to stop (step %s): ending at this step boundary",
                        self.requested.get("rule", "?"), self.requested.get("step"))
         return True
+
+    def _look_for_dump_request(self) -> None:
+        try:
+            if not self._storage.exists(REQUEST_FILE):
+                return
+            request = json.loads(self._storage.read(REQUEST_FILE) or b"{}")
+        except Exception as exc:  # noqa: BLE001 - as for the stop signal: asked again next time
+            logger.debug("could not read the flight recorder request: %s", exc)
+            return
+        if not isinstance(request, dict):
+            return
+        key = str(request.get("id") or request.get("time"))
+        if key in self._dump_ids_seen:
+            return
+        self._dump_ids_seen.add(key)
+        when = request.get("time")
+        if isinstance(when, (int, float)) and when < self._started:
+            return  # written for an earlier run in this out_dir
+        self.dump_request = request
 
     def error(self) -> StopTrainingRequested:
         """The exception that ends the user's loop at a step boundary."""

@@ -14,6 +14,7 @@ Example:
 """
 
 from mltrace import modes
+from mltrace.capture.flight_recorder import FlightRecorderConfig
 from mltrace.collections import CollectionKeys
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
 from mltrace.hook import del_hook, set_hook
@@ -22,7 +23,7 @@ from mltrace.mxnet.hook import Hook, TornasoleHook, add_to_collection, get_colle
 from mltrace.trials import create_trial
 
 __all__ = [
-    "Hook", "TornasoleHook", "Collection", "CollectionKeys", "SaveConfig", "SaveConfigMode",
+    "Hook", "TornasoleHook", "Collection", "FlightRecorderConfig", "CollectionKeys", "SaveConfig", "SaveConfigMode",
     "ReductionConfig", "modes", "get_collection", "add_to_collection", "get_hook", "set_hook", "del_hook", "create_trial",
     "DEFAULT_COLLECTIONS", "DEFAULT_INCLUDE_COLLECTIONS",
 ]

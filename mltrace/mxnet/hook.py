@@ -32,6 +32,7 @@ from typing import Any
 from mxnet import gluon
 
 from mltrace.capture.errors import guarded
+from mltrace.capture.flight_recorder import FlightRecorderConfig
 from mltrace.capture.options import HookOptions
 from mltrace.collections import TORNASOLE_INCLUDE_COLLECTIONS
 from mltrace.config import ReductionConfig
@@ -94,11 +95,12 @@ class Hook(CoreHook):
         saveall: bool | None = None,
         mlflow: bool | dict[str, Any] | None = None,
         stop_check_interval: float | None = None,
+        flight_recorder: FlightRecorderConfig | dict[str, Any] | bool | None = None,
     ) -> None:
         options = HookOptions(
             out_dir or "", export_tensorboard, tensorboard_dir, dry_run, reduction_config,
             save_config, include_regex, include_collections, bool(save_all or saveall),
-            include_workers, strict, mlflow, stop_check_interval)
+            include_workers, strict, mlflow, stop_check_interval, flight_recorder=flight_recorder)
         self.gluon = GluonAdapter()
         super().__init__(options, self.gluon, collection_manager=pending.take(),
                          default_include_collections=self._default_include,

@@ -32,6 +32,7 @@ import torch
 
 from mltrace import modes
 from mltrace.capture.errors import guarded
+from mltrace.capture.flight_recorder import FlightRecorderConfig
 from mltrace.capture.options import HookOptions
 from mltrace.collections import (
     GRADIENT_PREFIX,
@@ -124,12 +125,13 @@ class Hook(CoreHook):
         saveall: bool | None = None,
         mlflow: bool | dict[str, Any] | None = None,
         stop_check_interval: float | None = None,
+        flight_recorder: FlightRecorderConfig | dict[str, Any] | bool | None = None,
         step_boundary: str = "forward",
     ) -> None:
         options = HookOptions(
             out_dir or "", export_tensorboard, tensorboard_dir, dry_run, reduction_config, save_config,
             include_regex, include_collections, bool(save_all or saveall), include_workers, strict,
-            mlflow, stop_check_interval)
+            mlflow, stop_check_interval, flight_recorder=flight_recorder)
         self.torch = TorchAdapter(step_boundary)
         super().__init__(options, self.torch, collection_manager=_pending.take(),
                          default_include_collections=self._default_include,
@@ -183,7 +185,7 @@ class TornasoleHook(Hook):
 
 
 __all__ = [
-    "Hook", "TornasoleHook", "Collection", "SaveConfig", "SaveConfigMode", "ReductionConfig", "modes",
+    "Hook", "TornasoleHook", "Collection", "FlightRecorderConfig", "SaveConfig", "SaveConfigMode", "ReductionConfig", "modes",
     "get_collection", "add_to_collection", "get_hook", "set_hook", "del_hook", "create_trial",
     "CollectionKeys", "TorchAdapter", "torch_reductions", "GRADIENT_PREFIX",
 ]

@@ -42,6 +42,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: numpy's dtype of a torch dtype (bfloat16 and the like: float32)
+_NUMPY_DTYPES = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64,
+                 torch.int64: np.int64, torch.int32: np.int32}
+
 #: ``forward``: a step per forward pass of the registered model (smdebug's); ``optimizer``: a
 #: TRAIN step per optimizer step, for gradient accumulation; ``trainer``: steps begin where a
 #: trainer's callback says a batch begins (:meth:`TorchAdapter.begin_batch`; mltrace.transformers,
@@ -160,6 +164,28 @@ class TorchAdapter(Adapter):
     def device_histogram(self, value: Any) -> Binned | None:
         """The TensorBoard histogram of an accelerator's tensor, binned on it."""
         return device_histogram(value)
+
+    def recordable(self, value: Any) -> bool:
+        """Sharded tensors (DTensors) are not recorded: their reductions would need collectives."""
+        return not is_sharded(value) and not isinstance(value, Reduced)
+
+    def shape_and_dtype(self, value: Any) -> tuple[tuple[int, ...], Any]:
+        """A torch tensor's shape and dtype (the recorder casts a loss back to it)."""
+        if isinstance(value, torch.Tensor):
+            return tuple(value.shape), _NUMPY_DTYPES.get(value.dtype, np.float32)
+        return super().shape_and_dtype(value)
+
+    def snapshot(self, value: Any) -> Any:
+        """A copy on the tensor's device (no host transfer until a dump)."""
+        if isinstance(value, torch.Tensor):
+            return value.detach().clone()
+        return super().snapshot(value)
+
+    def nbytes(self, snapshot: Any) -> int:
+        """A tensor's bytes."""
+        if isinstance(snapshot, torch.Tensor):
+            return snapshot.numel() * snapshot.element_size()
+        return super().nbytes(snapshot)
 
     def reductions_to_host(self, started: list[Any]) -> list[list[np.ndarray | None]]:
         """The results of a step's reductions: those left on a device are concatenated and

@@ -16,6 +16,7 @@ Example:
 """
 
 from mltrace import modes
+from mltrace.capture.flight_recorder import FlightRecorderConfig
 from mltrace.collections import CollectionKeys
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
 from mltrace.hook import del_hook, set_hook
@@ -31,6 +32,7 @@ __all__ = [
     "Collection",
     "CollectionKeys",
     "EstimatorHook",
+    "FlightRecorderConfig",
     "Hook",
     "KerasHook",
     "ReductionConfig",

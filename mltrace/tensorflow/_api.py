@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, ClassVar, Self, cast
 
+from mltrace.capture.flight_recorder import FlightRecorderConfig
 from mltrace.capture.options import HookOptions
 from mltrace.collections import Collection as _CoreCollection
 from mltrace.collections import CollectionManager
@@ -59,12 +60,13 @@ class TFHookAPI:
         saveall: bool | None = None,
         mlflow: bool | dict[str, Any] | None = None,
         stop_check_interval: float | None = None,
+        flight_recorder: FlightRecorderConfig | dict[str, Any] | bool | None = None,
     ) -> None:
         super().__init__()  # the framework's base class (Keras Callback, SessionRunHook)
         options = HookOptions(
             out_dir or "", export_tensorboard, tensorboard_dir, dry_run, reduction_config,
             save_config, include_regex, include_collections, bool(save_all or saveall),
-            include_workers, strict, mlflow, stop_check_interval)
+            include_workers, strict, mlflow, stop_check_interval, flight_recorder=flight_recorder)
         self.adapter = self._adapter_class(self)
         self.core = Hook(options, self.adapter, collection_manager=take_pending(),
                          default_include_collections=self._default_include,

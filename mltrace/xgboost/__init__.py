@@ -12,6 +12,7 @@ Example:
 """
 
 from mltrace import modes
+from mltrace.capture.flight_recorder import FlightRecorderConfig
 from mltrace.collections import Collection, CollectionKeys
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
 from mltrace.hook import del_hook, set_hook
@@ -30,7 +31,7 @@ from mltrace.xgboost.hook import (
 )
 
 __all__ = [
-    "Hook", "Collection", "CollectionKeys", "SaveConfig", "SaveConfigMode",
+    "Hook", "Collection", "CollectionKeys", "FlightRecorderConfig", "SaveConfig", "SaveConfigMode",
     "ReductionConfig", "modes", "get_collection", "add_to_collection", "get_hook", "set_hook",
     "del_hook", "create_trial",
     "create_from_json_file", "DEFAULT_COLLECTIONS", "DEFAULT_INCLUDE_COLLECTIONS",

@@ -53,6 +53,7 @@ from typing import Any, SupportsIndex
 
 import xgboost as xgb
 
+from mltrace.capture.flight_recorder import FlightRecorderConfig
 from mltrace.capture.options import HookOptions
 from mltrace.collections import Collection
 from mltrace.config import ReductionConfig, SaveConfig
@@ -131,11 +132,12 @@ class Hook(CoreHook):
         strict: bool = False,
         mlflow: bool | dict[str, Any] | None = None,
         stop_check_interval: float | None = None,
+        flight_recorder: FlightRecorderConfig | dict[str, Any] | bool | None = None,
     ) -> None:
         options = HookOptions(
             out_dir or "", export_tensorboard, tensorboard_dir, dry_run, reduction_config,
             save_config, include_regex, include_collections, save_all, include_workers, strict,
-            mlflow, stop_check_interval)
+            mlflow, stop_check_interval, flight_recorder=flight_recorder)
         self.xgboost = XGBoostAdapter(hyperparameters, train_data, validation_data)
         super().__init__(options, self.xgboost, collection_manager=pending.take(),
                          default_include_collections=DEFAULT_INCLUDE_COLLECTIONS,

@@ -1,0 +1,544 @@
+"""The flight recorder: the last N steps of chosen collections kept in memory, written to the
+trial when something goes wrong.
+
+A run that saves every 500 steps holds steps 12,000 and 12,500 when its loss turns NaN at 12,345.
+With a recorder, every step's reductions of the recorded collections (and raw values where asked)
+are computed where the tensors live and kept in a ring of at most ``steps`` steps within a memory
+budget. A trigger (a non-finite value, a loss spike, a rule's request, an exception escaping the
+training step, or ``hook.dump_flight_recorder(reason)``) writes the ring to the trial as ordinary
+steps, keeps writing the next ``after_steps`` steps at full resolution, and records why (see
+mltrace.format.flight_record), including the first tensor in execution order that was not finite.
+
+Costs per recorded tensor and step: the reductions (a few device ops, nothing waits for them); per
+step: one device-to-host copy of all of them when a trigger needs their values (the non-finite
+check and the loss spike do), none otherwise until a dump.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mltrace.capture.adapter import Adapter, ReductionItems
+from mltrace.collections import GRADIENT_PREFIX, SCALAR_COLLECTIONS, Collection, CollectionKeys
+from mltrace.config import ReductionConfig
+from mltrace.exceptions import MltraceValueError
+from mltrace.format.flight_record import Dump, FirstNonFinite, FlightRecord, record_key
+from mltrace.modes import ModeKeys
+from mltrace.reductions import reduction_tensor_name
+
+if TYPE_CHECKING:
+    from mltrace.writer import TrialWriter
+
+logger = logging.getLogger("mltrace.flight_recorder")
+
+DEFAULT_REDUCTIONS = ("min", "max", "mean", "std", "l2")
+#: bytes kept per recorded reduction (a float64) and per recorded tensor (its name and bookkeeping)
+REDUCTION_BYTES = 8
+TENSOR_OVERHEAD_BYTES = 64
+#: a non-finite value of any of these reductions means the tensor held a NaN or an infinity
+#: (min and max propagate NaN; the max of the absolute values is the infinity norm)
+_CHECK_ITEMS = (("min", False), ("max", False), ("max", True))
+
+
+@dataclass
+class FlightRecorderConfig:
+    """What the flight recorder keeps and when it dumps (hook option ``flight_recorder=``).
+
+    Attributes:
+        steps: N, how many steps before a trigger are kept (at most; the budget may hold fewer).
+        after_steps: K, how many steps after a trigger are written at full resolution.
+        collections: the recorded collections (names); None records every collection the hook
+            saves. Any collection of the hook may be named, saved or not.
+        reductions: what is kept of each tensor (mltrace's reduction names, ``abs_`` prefix and
+            ``l1``/``l2`` norms included); ``min`` and ``max`` are kept always, for the
+            non-finite check. Tensors of scalar collections (losses, metrics) keep their value.
+        raw: also keep a copy of each tensor (on its device), within the budget.
+        memory_budget: bytes the kept steps may take (reductions: 8 bytes each; raw copies their
+            size); past it the oldest step is dropped, the recorder never grows.
+        nonfinite: dump when a recorded tensor holds a NaN or an infinity (armed again once a
+            step is finite).
+        loss_spike: k; dump when a loss exceeds k times its running median over the last
+            ``loss_window`` steps (only for positive medians; None turns it off).
+        loss_window: M, the steps of that median; the check starts once M losses were seen.
+        on_exception: dump when an exception escapes the training script (sys.excepthook).
+        max_dumps: dumps per run; later triggers are logged only (a NaN run would dump forever).
+    """
+
+    steps: int = 50
+    after_steps: int = 10
+    collections: list[str] | None = None
+    reductions: list[str] = field(default_factory=lambda: list(DEFAULT_REDUCTIONS))
+    raw: bool = False
+    memory_budget: int = 64 * 1024 * 1024
+    nonfinite: bool = True
+    loss_spike: float | None = 10.0
+    loss_window: int = 50
+    on_exception: bool = True
+    max_dumps: int = 5
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "after_steps", "loss_window", "max_dumps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise MltraceValueError(
+                    f"FlightRecorderConfig({name}={value!r}): must be a whole number above 0")
+        budget = self.memory_budget
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0:
+            raise MltraceValueError(
+                f"FlightRecorderConfig(memory_budget={budget!r}): a number of bytes above 0, e.g. "
+                "64 * 1024 * 1024")
+        if self.loss_spike is not None and (isinstance(self.loss_spike, bool) or
+                                            not isinstance(self.loss_spike, (int, float))
+                                            or not self.loss_spike > 1):
+            raise MltraceValueError(
+                f"FlightRecorderConfig(loss_spike={self.loss_spike!r}): a factor above 1 (a loss "
+                "above factor x its running median triggers a dump), or None to turn it off")
+        if self.collections is not None:
+            if isinstance(self.collections, str):
+                self.collections = [self.collections]
+            self.collections = [str(c) for c in self.collections]
+            if not self.collections:
+                raise MltraceValueError("FlightRecorderConfig(collections=[]): name at least one "
+                                        "collection, or None for every saved collection")
+        if isinstance(self.reductions, str):
+            self.reductions = [r.strip() for r in self.reductions.split(",") if r.strip()]
+        self.reductions = list(self.reductions)
+        self.items  # noqa: B018 - an unknown reduction is reported here, at construction
+
+    @property
+    def items(self) -> ReductionItems:
+        """The (reduction, abs) pairs kept of each tensor (min and max always among them)."""
+        parsed = ReductionConfig.from_dict({"reductions": ",".join(self.reductions)})
+        assert parsed is not None
+        items = parsed.items()
+        return items + [i for i in _CHECK_ITEMS[:2] if i not in items]
+
+    def step_bytes(self, tensors: Iterable[int]) -> int:
+        """Bytes one step takes for tensors of these byte sizes."""
+        per = len(self.items) * REDUCTION_BYTES + TENSOR_OVERHEAD_BYTES
+        return sum(per + (nbytes if self.raw else 0) for nbytes in tensors)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The configuration as the JSON config's ``FlightRecorder`` object."""
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    @classmethod
+    def parse(cls, value: Any, where: str = "flight_recorder") -> FlightRecorderConfig | None:
+        """A FlightRecorderConfig from itself, a dict of its fields (the JSON config's form),
+        True (the defaults), or None/False (no recorder).
+
+        Raises:
+            MltraceValueError: another type, an unknown field (named, with the valid ones) or
+                an invalid value.
+        """
+        if value is None or value is False:
+            return None
+        if value is True:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, Mapping):
+            unknown = sorted(set(value) - set(cls.__dataclass_fields__))
+            if unknown:
+                raise MltraceValueError(
+                    f"{where}: unknown key(s) {unknown}; valid keys: "
+                    f"{', '.join(cls.__dataclass_fields__)}")
+            return cls(**dict(value))
+        raise MltraceValueError(
+            f"{where}={value!r}: pass a FlightRecorderConfig(steps=50, ...), a dict of its fields, "
+            "or True for the defaults")
+
+
+@dataclass
+class _Tensor:
+    """One recorded tensor of one step."""
+
+    name: str
+    items: ReductionItems
+    started: Any  # the adapter's handle of the reductions (on the device until needed)
+    scalar: bool  # a scalar collection's one-element tensor: its value is written raw
+    loss: bool  # in the losses collection (watched for spikes)
+    shape: tuple[int, ...]
+    dtype: Any
+    raw: Any = None  # the adapter's snapshot, when raw copies are kept
+    results: list[np.ndarray | None] | None = None  # on the host, once moved
+
+
+@dataclass
+class _Step:
+    step: int
+    mode: ModeKeys
+    mode_step: int
+    wall_time: float
+    tensors: list[_Tensor] = field(default_factory=list)
+    nbytes: int = 0
+    on_host: bool = False
+
+
+class FlightRecorder:
+    """The ring of recorded steps of one hook, its triggers and its dumps (see module docstring).
+
+    The hook calls :meth:`begin_step`, :meth:`observe` for each tensor of a recorded collection,
+    :meth:`end_step` once the step's own files are written, and :meth:`trigger` for triggers that
+    come from outside the step (a rule's request, an exception, the user).
+
+    Args:
+        config: what to keep and when to dump.
+        adapter: the framework's reductions and copies.
+        worker: this process's worker name (in the record file).
+    """
+
+    def __init__(self, config: FlightRecorderConfig, adapter: Adapter, worker: str = "worker_0") -> None:
+        self.config = config
+        self.adapter = adapter
+        self.worker = worker
+        self.items = config.items
+        self._check_positions = [i for i, item in enumerate(self.items) if item in _CHECK_ITEMS]
+        #: the recorded collections, resolved by :meth:`resolve` when the hook prepares
+        self.collections: frozenset[Collection] = frozenset()
+        self.enabled = True
+        self.ring: deque[_Step] = deque()
+        self.ring_bytes = 0
+        self.current: _Step | None = None
+        self.record = FlightRecord(worker)
+        self._losses: dict[str, deque[float]] = {}
+        self._armed = True  # the non-finite trigger (disarmed after firing until a finite step)
+        self._pending: tuple[str, str] | None = None  # (trigger, reason) to dump at the step's end
+        self._after_left = 0
+        self._dump: Dump | None = None  # the dump whose after-steps are being written
+        self._first: FirstNonFinite | None = None
+        self._last: _Step | None = None  # the step that ended last
+        self._record_changed = False
+        self._warned_budget = False
+        #: called after each dump with the record and the dump (the hook tells its sinks)
+        self.on_dump: Callable[[FlightRecord, Dump], None] = lambda record, dump: None
+        self._lock = threading.RLock()  # the excepthook may trigger from another thread
+
+    # -- set-up ---------------------------------------------------------------------------------
+    def resolve(self, saved: Iterable[Collection], known: Mapping[str, Collection]) -> list[Collection]:
+        """The recorded collections: those named in the config, else the saved ones.
+
+        Raises:
+            MltraceValueError: a named collection the hook does not have.
+        """
+        names = self.config.collections
+        if names is None:
+            colls = list(saved)
+        else:
+            check_collections(names, known)
+            colls = [known[n] for n in names]
+        self.collections = frozenset(colls)
+        return colls
+
+    def check_budget(self, tensors: Iterable[tuple[str, int]],
+                     member: Callable[[str], bool]) -> None:
+        """Raise if the tensors known before training (a model's parameters and gradients:
+        (name, bytes)) that the recorder would keep already take more than the budget per step.
+
+        Raises:
+            MltraceValueError: naming the bytes one step needs, the budget and the fixes.
+        """
+        sizes = [nbytes for name, nbytes in tensors if member(name)]
+        need = self.config.step_bytes(sizes)
+        if need > self.config.memory_budget:
+            raise MltraceValueError(
+                f"FlightRecorderConfig(memory_budget={self.config.memory_budget}) cannot hold one "
+                f"step: the {len(sizes)} parameters and gradients it records take {need} bytes per "
+                f"step ({'raw copies and ' if self.config.raw else ''}{len(self.items)} reductions "
+                f"each), more with activations. Raise memory_budget to at least "
+                f"{need * self.config.steps} for {self.config.steps} steps, record fewer "
+                "collections" + (", or pass raw=False" if self.config.raw else ""))
+
+    # -- each step ------------------------------------------------------------------------------
+    def begin_step(self, step: int, mode: ModeKeys, mode_step: int) -> None:
+        """Start recording ``step``."""
+        self.current = _Step(step, mode, mode_step, time.time()) if self.enabled else None
+
+    def records(self, colls: Iterable[Collection]) -> bool:
+        """True if a tensor of ``colls`` is recorded this step."""
+        return self.current is not None and any(c in self.collections for c in colls)
+
+    def observe(self, name: str, value: Any, colls: Iterable[Collection]) -> None:
+        """Keep ``value``'s reductions (and a copy, if raw) for the current step, if one of
+        ``colls`` is recorded. Whatever reads ``value`` happens now (it may change later)."""
+        step = self.current
+        if step is None:
+            return
+        colls = [c for c in colls if c in self.collections]
+        if not colls or not self.adapter.recordable(value):
+            return
+        shape, dtype = self.adapter.shape_and_dtype(value)
+        size = int(np.prod(shape)) if shape else 1
+        scalar = size == 1 and any(c.name in SCALAR_COLLECTIONS for c in colls)
+        items = [("mean", False)] if scalar else self.items
+        raw = self.adapter.snapshot(value) if self.config.raw and not scalar else None
+        started = self.adapter.reduce_on_device(value, items)
+        loss = scalar and any(c.name == CollectionKeys.LOSSES for c in colls)
+        step.tensors.append(_Tensor(name, items, started, scalar, loss, shape, dtype, raw))
+        step.nbytes += (len(items) * REDUCTION_BYTES + TENSOR_OVERHEAD_BYTES
+                        + (self.adapter.nbytes(raw) if raw is not None else 0))
+
+    def end_step(self, write_current: Callable[[list[tuple[str, np.ndarray]]], None]) -> None:
+        """Close the current step: check it (non-finite values, a loss spike), then either write
+        it with ``write_current`` (into the step's own file, still open) because a trigger is
+        pending or the step is one of those after a trigger, or keep it in the ring. The ring is
+        written by :meth:`dump_pending`, once the step's file is closed."""
+        step, self.current = self.current, None
+        if step is None:
+            return
+        with self._lock:
+            self._last = step
+            if self.config.nonfinite or self.config.loss_spike is not None:
+                self._to_host(step)
+                first = self._check_nonfinite(step) if self.config.nonfinite else None
+                spike = self._check_loss_spike(step)
+                if first is not None and self._armed:
+                    self._armed = False
+                    self._request("nonfinite", f"{first.tensor} held a NaN or an infinity at step "
+                                  f"{first.step}", first)
+                elif spike is not None:
+                    self._request("loss_spike", spike)
+            if self._after_left > 0 or self._pending is not None:
+                self._to_host(step)
+                write_current(self._records(step))
+                if self._pending is None and self._dump is not None:
+                    self._dump.steps_after.append(step.step)
+                    self._after_left -= 1
+                    self._record_changed = True
+            else:
+                self._push(step)
+
+    def dump_pending(self, writer: TrialWriter | None) -> bool:
+        """Between steps (no step file open): write the ring's steps if a trigger is pending, and
+        the record file if it changed; True if a dump happened."""
+        with self._lock:
+            if writer is None:
+                return False
+            if self._pending is None:
+                if self._record_changed and self._after_left == 0:
+                    self.write_record(writer)
+                return False
+            (kind, reason), first = self._pending, self._first
+            self._pending = self._first = None
+            at = self._last or _Step(-1, ModeKeys.GLOBAL, -1, time.time())
+            before = [s for s in self._write_ring(writer) if s != at.step]
+            dump = Dump(kind, reason, at.step, at.mode.name, at.mode_step, time.time(), before, [],
+                        first)
+            self.record.dumps.append(dump)
+            if first is not None and self.record.first_nonfinite is None:
+                self.record.first_nonfinite = first
+            self._dump, self._after_left = dump, self.config.after_steps
+            self.write_record(writer)
+            log = logger.error if kind in ("nonfinite", "exception") else logger.warning
+            log("flight recorder: %s at step %s (%s): wrote the %d steps before it; the next %d "
+                "steps are written at full resolution%s", kind, at.step, reason, len(before),
+                self.config.after_steps,
+                f". First non-finite tensor: {first.tensor} ({first.phase}, tensor "
+                f"{first.position} of step {first.step}, {first.worker})" if first else "")
+            self.on_dump(self.record, dump)
+            return True
+
+    def trigger(self, kind: str, reason: str) -> bool:
+        """Ask for a dump at the end of the current step (a rule's request, an exception, the
+        user); False if the run has had its ``max_dumps`` already."""
+        with self._lock:
+            return self._request(kind, reason, None)
+
+    @property
+    def pending(self) -> bool:
+        """True while a dump waits for the current step's end."""
+        return self._pending is not None
+
+    def write_record(self, writer: TrialWriter) -> None:
+        """(Re)write this worker's record file (at a dump, after its after-steps, at close)."""
+        self._record_changed = False
+        if self.record.dumps:
+            writer.write_file(record_key(self.worker), self.record.to_json())
+
+    # -- inside ---------------------------------------------------------------------------------
+
+    def _request(self, kind: str, reason: str, first: FirstNonFinite | None = None) -> bool:
+        if len(self.record.dumps) + (self._pending is not None) >= self.config.max_dumps:
+            logger.warning("flight recorder: not dumping for %s (%s): this run dumped %d times "
+                           "already (max_dumps)", kind, reason, self.config.max_dumps)
+            return False
+        if self._pending is None:
+            self._pending, self._first = (kind, reason), first
+        elif first is not None and self._first is None:
+            self._first = first
+        return True
+
+    def _to_host(self, step: _Step) -> None:
+        """Move the step's reductions to the host, all in one copy per device."""
+        if step.on_host:
+            return
+        results = self.adapter.reductions_to_host([t.started for t in step.tensors])
+        for tensor, values in zip(step.tensors, results):
+            tensor.results, tensor.started = values, None
+        step.on_host = True
+
+    def _check_nonfinite(self, step: _Step) -> FirstNonFinite | None:
+        bad = []
+        for position, tensor in enumerate(step.tensors):
+            values = tensor.results or []
+            checked = [values[0]] if tensor.scalar else [values[i] for i in self._check_positions]
+            if any(v is not None and not np.all(np.isfinite(v)) for v in checked):
+                bad.append((position, tensor.name))
+        if not bad:
+            self._armed = True
+            return None
+        position, name = bad[0]
+        return FirstNonFinite(name, step.step, step.mode.name, step.mode_step, self.worker,
+                              _phase(name), position, [n for _, n in bad[:20]])
+
+    def _check_loss_spike(self, step: _Step) -> str | None:
+        limit = self.config.loss_spike
+        if limit is None:
+            return None
+        found = None
+        for tensor in step.tensors:
+            if not tensor.loss or tensor.results is None:
+                continue
+            value = float(np.asarray(tensor.results[0]).reshape(-1)[0])
+            history = self._losses.setdefault(tensor.name, deque(maxlen=self.config.loss_window))
+            if len(history) == history.maxlen and np.isfinite(value):
+                median = statistics.median(history)
+                if median > 0 and value > limit * median and found is None:
+                    found = (f"{tensor.name}={value:.6g} at step {step.step} is above {limit:g} x "
+                             f"its median {median:.6g} over the last {len(history)} steps")
+            if np.isfinite(value):
+                history.append(value)
+        return found
+
+    def _push(self, step: _Step) -> None:
+        budget = self.config.memory_budget
+        if step.nbytes > budget:
+            if not self._warned_budget:
+                self._warned_budget = True
+                logger.error(
+                    "flight recorder turned off: one step takes %d bytes, above "
+                    "FlightRecorderConfig(memory_budget=%d); raise the budget (for %d steps: %d) or "
+                    "record fewer collections%s", step.nbytes, budget, self.config.steps,
+                    step.nbytes * self.config.steps, " or pass raw=False" if self.config.raw else "")
+            self.enabled = False
+            self.ring.clear()
+            self.ring_bytes = 0
+            return
+        self.ring.append(step)
+        self.ring_bytes += step.nbytes
+        while len(self.ring) > self.config.steps or self.ring_bytes > budget:
+            self.ring_bytes -= self.ring.popleft().nbytes
+
+    def _write_ring(self, writer: TrialWriter) -> list[int]:
+        steps, self.ring = list(self.ring), deque()
+        self.ring_bytes = 0
+        written = []
+        for step in steps:
+            self._to_host(step)
+            writer.open_step(step.step, step.mode, step.mode_step)
+            for name, array in self._records(step):
+                writer.add_tensor(name, array, step.mode, step.mode_step, step.wall_time)
+            if writer.close_step():
+                written.append(step.step)
+        return written
+
+    def _records(self, step: _Step) -> list[tuple[str, np.ndarray]]:
+        """The (record name, value) pairs of a step, as the hook writes reductions and raw values."""
+        out: list[tuple[str, np.ndarray]] = []
+        for tensor in step.tensors:
+            results = tensor.results or []
+            if tensor.scalar:
+                if results and results[0] is not None:
+                    out.append((tensor.name, np.asarray(results[0]).astype(
+                        _numpy_dtype(tensor.dtype), copy=False).reshape(tensor.shape)))
+                continue
+            if tensor.raw is not None:
+                out.append((tensor.name, self.adapter.to_numpy(tensor.raw)))
+            for (red, abs_), value in zip(tensor.items, results):
+                if value is not None:
+                    out.append((reduction_tensor_name(tensor.name, red, abs_), value))
+        return out
+
+
+def check_collections(names: Iterable[str], known: Mapping[str, Collection]) -> None:
+    """Raise if a recorded collection is not one of the hook's.
+
+    Raises:
+        MltraceValueError: naming it and the hook's collections.
+    """
+    import difflib
+
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, list(known), n=1)
+            raise MltraceValueError(
+                f"FlightRecorderConfig(collections=[..., {name!r}]): the hook has no collection "
+                f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else "") + "; create it "
+                f"before building the hook (get_collection({name!r}).include(regex)) or record one "
+                f"of: {', '.join(sorted(known))}")
+
+
+def _phase(name: str) -> str:
+    if name.startswith(GRADIENT_PREFIX):
+        return "backward"
+    if "_output_" in name or "_input_" in name:
+        return "forward"
+    return "other"
+
+
+def _numpy_dtype(dtype: Any) -> Any:
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        return np.float64
+
+
+# -- the exception path ---------------------------------------------------------------------------
+_recorders: weakref.WeakSet[Any] = weakref.WeakSet()
+_installed = False
+
+
+def watch_exceptions(hook: Any) -> None:
+    """Have an exception that escapes the script dump ``hook``'s recorder (sys.excepthook, and
+    threading.excepthook for a training thread), before the interpreter's exit closes it."""
+    global _installed
+    _recorders.add(hook)
+    if _installed:
+        return
+    _installed = True
+    previous, previous_thread = sys.excepthook, threading.excepthook
+
+    def on_exception(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        _dump_all(exc_type, exc)
+        previous(exc_type, exc, tb)
+
+    def on_thread_exception(args: Any) -> None:
+        if args.exc_type is not SystemExit:
+            _dump_all(args.exc_type, args.exc_value)
+        previous_thread(args)
+
+    sys.excepthook = on_exception
+    threading.excepthook = on_thread_exception
+
+
+def _dump_all(exc_type: type[BaseException], exc: BaseException | None) -> None:
+    if issubclass(exc_type, KeyboardInterrupt):
+        reason = "KeyboardInterrupt"
+    else:
+        reason = f"{exc_type.__name__}: {exc}"
+    for hook in list(_recorders):
+        try:
+            hook.flight_recorder_exception(reason)
+        except Exception:  # noqa: BLE001 - the user's exception is what must be reported
+            logger.debug("flight recorder dump on exception failed", exc_info=True)
