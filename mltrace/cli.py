@@ -1,10 +1,11 @@
 """The ``mltrace`` command. Subcommands import what they need lazily.
 
-Built in: ``info``, ``upload-spill`` and ``run`` (mltrace.launch). Other packages add
+Built in: ``info``, ``dump``, ``upload-spill`` and ``run`` (mltrace.launch). Other packages add
 subcommands through the ``mltrace.commands`` entry-point group (``mltrace.plugins.commands``):
 the MLflow side adds ``compare``, the TensorBoard plugin ``tensorboard``, mltrace.watch ``watch``.
 
 mltrace info TRIAL_DIR [--wait SECONDS]   collections, tensors and steps of a trial
+mltrace dump OUT_DIR [--reason TEXT]   ask the running job's hooks to dump their flight recorder
 mltrace run [--config FILE] [hook options] SCRIPT|-m MODULE [ARGS]   a script with a hook attached
 mltrace compare [EXPERIMENT ...] [--filter F] [--tensor T] [--stat S]   MLflow runs side by side
 mltrace tensorboard DIR_OR_S3 [TENSORBOARD_ARGS]   TensorBoard with the mltrace tab on the trials
@@ -92,6 +93,31 @@ def _events_without_index(trial: Trial) -> list[str]:
     ]
 
 
+def _dump(args: argparse.Namespace) -> int:
+    """Write a flight recorder dump request into a running job's trial (as the
+    ``dumpflightrecorder`` rule action does, with no rule)."""
+    from mltrace.exceptions import MltraceValueError
+    from mltrace.format import flight_record, paths
+    from mltrace.storage import open_storage
+
+    if "://" not in args.out_dir and not os.path.isdir(args.out_dir):
+        raise MltraceValueError(
+            f"{args.out_dir!r} is not a folder: pass the out_dir of a running hook")
+    storage = open_storage(args.out_dir)
+    if not storage.list(paths.COLLECTIONS_DIR):
+        raise MltraceValueError(
+            f"{args.out_dir!r} holds no trial (no collections file): pass the out_dir of a "
+            "running hook")
+    if storage.exists(paths.END_OF_JOB_MARKER):
+        raise MltraceValueError(
+            f"training at {args.out_dir!r} has ended (it wrote {paths.END_OF_JOB_MARKER}): no "
+            "hook is left to dump; steps its recorder dumped are in the trial already")
+    request = flight_record.write_request(storage, args.reason)
+    print(f"asked the hooks writing {args.out_dir} to dump their flight recorder "
+          f"(request {request.id}); each dumps once, when it next looks for requests")
+    return 0
+
+
 def _upload_spill(args: argparse.Namespace) -> int:
     from mltrace.spill import upload_spill
 
@@ -112,6 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="seconds to wait for the trial's first files (default 0: a missing "
                            "path fails at once)")
     info.set_defaults(run=_info)
+    dump = sub.add_parser("dump", help="ask a running job's hooks to dump their flight recorder")
+    dump.add_argument("out_dir", help="the running hook's out_dir (local path or s3://...)")
+    dump.add_argument("--reason", default="requested with mltrace dump",
+                      help="why, recorded with the dump (default: %(default)r)")
+    dump.set_defaults(run=_dump)
     spill = sub.add_parser("upload-spill",
                            help="upload files a run kept on local disk while S3 was down")
     spill.add_argument("folder", help="the spill folder named in the run's log")

@@ -38,9 +38,10 @@ from mltrace.exceptions import (
     TensorUnavailable,
     TensorUnavailableForStep,
 )
-from mltrace.format import paths
+from mltrace.format import flight_record, paths
 from mltrace.format.crc32c import crc32c
 from mltrace.format.events import WireError, decode_event, decode_tensor_payload
+from mltrace.format.flight_record import FirstNonFinite, FlightRecord
 from mltrace.format.index import decode_index
 from mltrace.format.records import unframe_record
 from mltrace.modes import ModeKeys, mode_from
@@ -665,6 +666,19 @@ class Trial:
         if tensor is None:
             raise CorruptRecordError(where, "record holds no tensor")
         return tensor
+
+    # -- the flight recorder's records (mltrace.format.flight_record) ----------------------------
+    def flight_records(self) -> list[FlightRecord]:
+        """Each worker's flight recorder record: its dumps (trigger, reason, steps written
+        before and after) and the first non-finite tensor it saw; empty for a trial whose hook
+        had no recorder or never dumped. Read afresh at each call (a live job dumps later)."""
+        return flight_record.read_records(self.storage)
+
+    def first_nonfinite(self) -> FirstNonFinite | None:
+        """The first tensor, in execution order, that held a NaN or an infinity: the earliest
+        over the trial's workers (lowest step, then worker name), or None if no recorder saw
+        one. Its ``tensor``, ``step``, ``mode``, ``worker`` and ``phase`` say which and when."""
+        return flight_record.first_nonfinite(self.storage)
 
     def __repr__(self) -> str:
         return f"<Trial {self.name!r} at {self.path!r}: {len(self._index.step_workers)} steps>"

@@ -21,14 +21,15 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mltrace.format import paths
+from mltrace.format import flight_record, paths
 from mltrace.storage import open_storage
 
 logger = logging.getLogger(__name__)
 
 MAX_DEPTH = 4
 _COLLECTIONS_KEY = re.compile(r"^(?:(.*)/)?collections/\d+/[^/]+_collections\.json$")
-_TRIAL_PARTS = frozenset({"events", "index", "collections", paths.RULE_RESULTS_DIR})
+_TRIAL_PARTS = frozenset({"events", "index", "collections", paths.RULE_RESULTS_DIR,
+                          flight_record.RECORD_DIR})
 
 
 @dataclass(frozen=True)

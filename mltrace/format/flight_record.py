@@ -8,12 +8,15 @@ recorder, what triggered each dump and which tensor was the first to hold a NaN 
     mltrace_flight_recorder_request.json      a rule's (or the CLI's) request to dump now
 
 Both live beside ``mltrace_rules/``; smdebug's reader never looks at them.
+A request is written by ``write_request`` only and read by ``read_request``.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -130,3 +133,92 @@ def first_nonfinite(storage: Any) -> FirstNonFinite | None:
     """The earliest first non-finite tensor over the trial's workers (lowest step, then worker)."""
     found = [r.first_nonfinite for r in read_records(storage) if r.first_nonfinite is not None]
     return min(found, key=lambda f: (f.step, f.worker)) if found else None
+
+
+@dataclass(frozen=True)
+class DumpRequest:
+    """A request to the hooks writing a trial to dump their flight recorders now.
+
+    Written by the ``dumpflightrecorder`` rule action (``rule`` and ``step`` set) or by a person
+    (``mltrace dump``); a hook dumps once per ``id``, so a second request is a new file content
+    with a new id. ``reason`` is the rule's message or the person's text.
+    """
+
+    id: str
+    reason: str
+    rule: str | None = None
+    step: int | None = None
+    time: float = 0.0
+
+    def to_json(self) -> bytes:
+        """The file's content; ``message`` repeats ``reason`` so that the request reads like the
+        stop signal a rule writes (``rule``, ``step``, ``message``, ``time``)."""
+        return json.dumps({**asdict(self), "message": self.reason}, sort_keys=True).encode()
+
+    @staticmethod
+    def from_json(data: bytes) -> DumpRequest:
+        """Parse a request file.
+
+        Raises:
+            ValueError: not a request (invalid JSON, no id).
+        """
+        doc = json.loads(data)
+        if not isinstance(doc, dict) or not isinstance(doc.get("id"), str) or not doc["id"]:
+            raise ValueError("not a flight recorder dump request (no id)")
+        step = doc.get("step")
+        rule = doc.get("rule")
+        when = doc.get("time")
+        return DumpRequest(
+            id=doc["id"],
+            reason=str(doc.get("reason", doc.get("message")) or ""),
+            rule=str(rule) if rule is not None else None,
+            step=step if isinstance(step, int) and not isinstance(step, bool) else None,
+            time=float(when) if isinstance(when, (int, float)) else 0.0,
+        )
+
+
+def write_request(storage: Any, reason: str, rule: str | None = None,
+                  step: int | None = None) -> DumpRequest:
+    """Ask the hooks writing the trial in ``storage`` to dump their flight recorders (the one
+    place that writes ``REQUEST_FILE``: the rule action and ``mltrace dump`` call it).
+
+    Args:
+        storage: the trial's storage (``trial.storage`` or ``open_storage(out_dir)``).
+        reason: why, shown with the dump (the rule's message, a person's note).
+        rule: the rule that asked, None for a person.
+        step: the global step the rule fired at, None for a person.
+
+    Returns:
+        the request written (its ``id`` names the dump the hooks make for it).
+
+    Raises:
+        TypeError: ``reason`` is not a string or ``step`` not an integer.
+        OSError, MltraceError: the storage refused the write.
+    """
+    if not isinstance(reason, str):
+        raise TypeError(f"reason={reason!r} must be a string")
+    if step is not None and (not isinstance(step, int) or isinstance(step, bool)):
+        raise TypeError(f"step={step!r} must be an integer global step or None")
+    request = DumpRequest(id=uuid.uuid4().hex, reason=reason, rule=rule, step=step,
+                          time=time.time())
+    storage.write(REQUEST_FILE, request.to_json())
+    return request
+
+
+def read_request(storage: Any) -> DumpRequest | None:
+    """The trial's pending dump request, None when there is none or it cannot be parsed (a
+    damaged file is logged as a warning naming it).
+
+    Raises:
+        OSError, MltraceError: the storage cannot be read now (the caller asks again later).
+    """
+    if not storage.exists(REQUEST_FILE):
+        return None
+    try:
+        return DumpRequest.from_json(storage.read(REQUEST_FILE))
+    except FileNotFoundError:  # removed between the two calls
+        return None
+    except (ValueError, TypeError) as exc:
+        logger.warning("ignoring damaged flight recorder request %s/%s: %s",
+                       getattr(storage, "uri", ""), REQUEST_FILE, exc)
+        return None

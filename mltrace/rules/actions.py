@@ -1,9 +1,13 @@
-"""What happens when a rule's condition is met: stop training, notify.
+"""What happens when a rule's condition is met: stop training, dump the flight recorder, notify.
 
 ``action_str`` is JSON: one object or a list of them (smdebug's form, case-insensitive)::
 
     {"name": "stoptraining"}                      write the stop signal into the trial: the
                                                   hook ends training at its next step boundary
+    {"name": "dumpflightrecorder"}                write a dump request into the trial: hooks
+                                                  with a flight recorder write the steps it
+                                                  holds (trigger "rule", the rule's message);
+                                                  once per run of consecutive firings
     {"name": "notify", "webhook": "https://..."}  log a warning; POST a JSON message if a URL is
                                                   given
 
@@ -20,7 +24,7 @@ import urllib.request
 from typing import TYPE_CHECKING, Any
 
 from mltrace.exceptions import MltraceValueError
-from mltrace.format import paths
+from mltrace.format import flight_record, paths
 
 if TYPE_CHECKING:
     from mltrace.rules.rule import Rule
@@ -47,6 +51,35 @@ class StopTraining(Action):
                            rule.rule_name, step, rule.base_trial.path)
         except Exception as exc:  # the rule's verdict stands even if the signal cannot be written
             logger.error("rule %s could not write the stop signal into %s: %s",
+                         rule.rule_name, rule.base_trial.path, exc)
+
+
+class DumpFlightRecorder(Action):
+    """Write a flight recorder dump request into the base trial's location
+    (``mltrace.format.flight_record.write_request``); a hook without a recorder ignores it.
+
+    One request per episode: a rule that fires at consecutive evaluations asks at the first of
+    them only (the recorder keeps recording at full resolution after a dump), and again once it
+    has fired after an evaluation where it did not.
+    """
+
+    def invoke(self, rule: Rule, step: int) -> None:
+        earlier = rule.evaluations
+        if earlier and earlier[-1] == (step, True):  # this evaluation (recorded before actions)
+            earlier = earlier[:-1]
+        if earlier and earlier[-1][1]:
+            logger.info("rule %s fired again at step %d: the flight recorder dump it asked for "
+                        "covers it", rule.rule_name, step)
+            return
+        try:
+            request = flight_record.write_request(rule.base_trial.storage,
+                                                  rule.last_message or "", rule=rule.rule_name,
+                                                  step=step)
+            logger.warning("rule %s fired at step %d: asked training at %s to dump its flight "
+                           "recorder (request %s)", rule.rule_name, step, rule.base_trial.path,
+                           request.id)
+        except Exception as exc:  # the rule's verdict stands even if the request cannot be written
+            logger.error("rule %s could not write the flight recorder request into %s: %s",
                          rule.rule_name, rule.base_trial.path, exc)
 
 
@@ -101,6 +134,8 @@ def parse_actions(action_str: Any, rule_name: str = "rule") -> list[Action]:
         name = str(item["name"]).lower()
         if name == "stoptraining":
             actions.append(StopTraining())
+        elif name == "dumpflightrecorder":
+            actions.append(DumpFlightRecorder())
         elif name == "notify":
             actions.append(Notify(item.get("webhook") or item.get("url")))
         elif name in ("sms", "email"):
@@ -108,7 +143,7 @@ def parse_actions(action_str: Any, rule_name: str = "rule") -> list[Action]:
             actions.append(Notify(note=note))
         else:
             raise MltraceValueError(
-                f"{rule_name}: unknown action {name!r}; use stoptraining or notify "
-                "(sms/email are logged)"
+                f"{rule_name}: unknown action {name!r}; use stoptraining, dumpflightrecorder "
+                "or notify (sms/email are logged)"
             )
     return actions

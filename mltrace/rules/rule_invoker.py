@@ -237,7 +237,15 @@ def create_rule(cls: type[Rule], base_trial: Any, other_trials: list[Any], param
         raise MltraceValueError(f"rule {cls.__name__} takes no other trials")
     if action_str and "action_str" in signature:
         kwargs["action_str"] = action_str
-    return cls(base_trial, **kwargs)
+    rule = cls(base_trial, **kwargs)
+    if action_str and "action_str" not in signature:
+        # a custom rule whose constructor does not pass actions on (the documented
+        # ``super().__init__(base_trial, other_trials=None)``) still gets the CLI's actions
+        from mltrace.rules.actions import parse_actions
+
+        rule.actions = parse_actions(action_str, rule.rule_name)
+        rule.action_str = action_str
+    return rule
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,7 +271,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--end-step", type=int, default=None)
     p.add_argument("--raise-rule-eval-cond-exception", nargs="?", const="true", default="false",
                    help="stop at the first step where the condition holds, raising")
-    p.add_argument("--action-str", default=None, help='e.g. \'{"name": "stoptraining"}\'')
+    p.add_argument("--action-str", default=None,
+                   help='what to do when the condition is met (JSON, one object or a list): '
+                        '{"name": "stoptraining"}, {"name": "dumpflightrecorder"} or '
+                        '{"name": "notify", "webhook": "https://..."}')
     p.add_argument("--wait", type=float, default=None, metavar="SECONDS",
                    help="seconds to wait for the trial's first files (live training; default: "
                         "a path that does not exist fails at once, an existing folder waits "

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from mltrace.exceptions import MltraceRuntimeError
-from mltrace.format import paths
+from mltrace.format import flight_record, paths
 from mltrace.watch.storage_cache import StorageCache
 
 logger = logging.getLogger(__name__)
@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 MAX_DEPTH = 4
 #: folders that belong to a trial or to mltrace, never trials themselves
 _SKIP = frozenset({"events", "index", "collections", "tensorboard", paths.RULE_RESULTS_DIR,
-                   paths.WATCH_STATE_DIR, paths.WORKERS_DONE_DIR})
+                   paths.WATCH_STATE_DIR, paths.WORKERS_DONE_DIR, flight_record.RECORD_DIR})
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,7 @@ def run_execution(execution: Execution) -> state.Outcome:
         return outcome
     try:
         cls = load_rule_class(rule_cfg.name, rule_cfg.source)
-        rule = create_rule(cls, trial, others, dict(rule_cfg.params))
+        rule = create_rule(cls, trial, others, dict(rule_cfg.params), rule_cfg.actions)
         with _DeletionWatch(trial, execution.deletion_check) as watch:
             try:
                 result = invoke_rule(rule, rule_cfg.start_step, rule_cfg.end_step,

@@ -11,7 +11,9 @@ and the rule's own parameters) with one more key, ``Trials`` (default: every tri
 
 ``Trials`` is a glob over the trial's path below the watched location (``fnmatch``: ``*``
 crosses ``/``), or an object with ``PathGlob`` and/or ``MlflowTags`` (tags of the trial's
-MLflow training run, all of which must match). Everything is checked when the file is loaded:
+MLflow training run, all of which must match). ``Actions`` (optional) is what the rule CLI's
+``--action-str`` takes, as JSON or a string: ``{"name": "stoptraining"}``,
+``{"name": "dumpflightrecorder"}``, ``{"name": "notify", "webhook": "https://..."}`` or a list. Everything is checked when the file is loaded:
 an unknown rule, parameter or key is an error that names it and what is valid.
 """
 
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mltrace.exceptions import MltraceValueError
+from mltrace.rules.actions import parse_actions
 from mltrace.rules.rule_invoker import (
     SAGEMAKER_ONLY_KEYS,
     SPEC_KEYS,
@@ -34,6 +37,7 @@ from mltrace.rules.rule_invoker import (
 logger = logging.getLogger(__name__)
 
 TRIALS_KEY = "Trials"
+ACTIONS_KEY = "Actions"
 SELECTOR_KEYS = {"PathGlob", "MlflowTags"}
 
 
@@ -64,14 +68,19 @@ class WatchRule:
     end_step: int | None = None
     other_trials: tuple[str, ...] = ()
     selector: TrialSelector = field(default_factory=TrialSelector)
+    #: the rule's action string (JSON), None for none
+    actions: str | None = None
 
     @property
     def key(self) -> str:
         """A stable name of this configuration (rule name + a hash of everything it runs
         with): a rule execution of a trial is (trial, key), so a changed parameter is a new
         execution and an unchanged one is never run twice."""
-        config = json.dumps([self.name, self.source, sorted(self.params), self.start_step,
-                             self.end_step, list(self.other_trials)])
+        parts: list[Any] = [self.name, self.source, sorted(self.params), self.start_step,
+                            self.end_step, list(self.other_trials)]
+        if self.actions is not None:  # keeps the keys of entries without actions unchanged
+            parts.append(self.actions)
+        config = json.dumps(parts)
         return f"{self.name}-{hashlib.sha1(config.encode()).hexdigest()[:10]}"
 
 
@@ -118,10 +127,11 @@ def _parse_entry(spec: Any, where: str) -> WatchRule:
     if not isinstance(spec, dict) or not isinstance(spec.get("RuleName"), str):
         raise MltraceValueError(f"{where} needs a RuleName (a string), got {spec!r}")
     name = spec["RuleName"]
-    unknown = sorted(set(spec) - SPEC_KEYS - SAGEMAKER_ONLY_KEYS - {TRIALS_KEY})
+    own_keys = {TRIALS_KEY, ACTIONS_KEY}
+    unknown = sorted(set(spec) - SPEC_KEYS - SAGEMAKER_ONLY_KEYS - own_keys)
     if unknown:
         raise MltraceValueError(f"{where} ({name}): unknown keys {unknown}; known: "
-                                f"{sorted(SPEC_KEYS | {TRIALS_KEY})}")
+                                f"{sorted(SPEC_KEYS | own_keys)}")
     ignored = sorted(set(spec) & SAGEMAKER_ONLY_KEYS)
     if ignored:
         logger.warning("%s (%s): %s only mean something on SageMaker; ignored", where, name,
@@ -147,7 +157,18 @@ def _parse_entry(spec: Any, where: str) -> WatchRule:
     check_parameters(cls, params, f"{where}: rule {name}", ("other_trial",) if others else ())
     return WatchRule(name=cls.__name__ if source is None else name, source=source,
                      params=tuple(sorted(params.items())), start_step=start, end_step=end,
-                     other_trials=others, selector=_selector(spec.get(TRIALS_KEY), where, name))
+                     other_trials=others, selector=_selector(spec.get(TRIALS_KEY), where, name),
+                     actions=_actions(spec.get(ACTIONS_KEY), where, name))
+
+
+def _actions(value: Any, where: str, name: str) -> str | None:
+    """The entry's ``Actions`` as an action string, checked now (an unknown action fails at load,
+    not when the rule fires)."""
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    parse_actions(text, f"{where} ({name})")
+    return text
 
 
 def _selector(value: Any, where: str, name: str) -> TrialSelector:
