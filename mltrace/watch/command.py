@@ -25,7 +25,9 @@ def add_command(subparsers: Any) -> None:
     watch.add_argument("--rules", required=True,
                        help="RULES.json: the rule CLI's rules_specification list, each entry "
                             "with an optional \"Trials\" (a glob over trial paths, or "
-                            "{\"PathGlob\": ..., \"MlflowTags\": {...}})")
+                            "{\"PathGlob\": ..., \"MlflowTags\": {...}}) and optional "
+                            "\"Actions\" (as --action-str: stoptraining, dumpflightrecorder, "
+                            "notify)")
     watch.add_argument("--ray-address", default=None,
                        help="run rules on this Ray cluster: auto, HOST:PORT or ray://HOST:PORT "
                             "(default: a local process pool)")
