@@ -491,6 +491,21 @@ class Hook:
         if self.strict:
             self.outputs.raise_write_failure()
 
+    def check_recorder_budget(self, tensors: Iterable[tuple[str, int]]) -> None:
+        """Adapters call this with the tensors they know before training ((name, bytes): a
+        model's parameters and gradients): a flight recorder whose budget cannot hold one step
+        of those is a configuration error, raised to the user (mltrace.capture.flight_recorder).
+
+        Raises:
+            mltrace.exceptions.MltraceValueError: the budget is too small for one step.
+        """
+        if self.recorder is None:
+            return
+        names = self.recorder.config.collections or self.plan.include_collections
+        known = self.collection_manager.get_collections()
+        colls = [known[n] for n in names if n in known]
+        self.recorder.check_budget(tensors, lambda name: any(self.adapter.is_member(c, name) for c in colls))
+
     @guarded(user_facing=True)
     def dump_flight_recorder(self, reason: str = "asked by hand") -> None:
         """Write the flight recorder's steps to the trial now (between steps) or at the current

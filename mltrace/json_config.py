@@ -6,7 +6,10 @@ File shape::
      "HookParameters": {"save_interval": "10", "include_regex": "fc1.*,fc2.*", "reductions": "mean,abs_max",
                         "train.save_interval": "5", "export_tensorboard": "false", ...},
      "CollectionConfigurations": [{"CollectionName": "weights",
-                                   "CollectionParameters": {"save_interval": "100", "include_regex": "..."}}]}
+                                   "CollectionParameters": {"save_interval": "100", "include_regex": "..."}}],
+     "FlightRecorder": {"steps": "50", "collections": "gradients,losses", "after_steps": "10"}}
+
+``FlightRecorder`` (mltrace's; smdebug's reader ignores it) holds FlightRecorderConfig's fields.
 
 Every value may be a string (the SageMaker SDK sends strings). The file is named by the argument,
 else by MLTRACE_CONFIG_FILE_PATH, else SMDEBUG_CONFIG_FILE_PATH, else it is SageMaker's
@@ -26,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mltrace.capture.flight_recorder import FlightRecorderConfig
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode, parse_flag
 from mltrace.exceptions import MltraceValueError
 from mltrace.modes import ModeKeys
@@ -36,7 +40,8 @@ CONFIG_ENV_VARS = ("MLTRACE_CONFIG_FILE_PATH", "SMDEBUG_CONFIG_FILE_PATH")
 #: Where SageMaker writes the hook configuration; read when no path or variable names one.
 SAGEMAKER_CONFIG_FILE = "/opt/ml/input/config/debughookconfig.json"
 #: Top-level keys: ours, and the S3 ones SageMaker writes into the same file (read by no hook).
-TOP_LEVEL_KEYS = ("LocalPath", "HookParameters", "CollectionConfigurations", "S3OutputPath", "S3Path")
+TOP_LEVEL_KEYS = ("LocalPath", "HookParameters", "CollectionConfigurations", "S3OutputPath", "S3Path",
+                  "FlightRecorder")
 COLLECTION_ENTRY_KEYS = frozenset({"CollectionName", "CollectionParameters"})
 _SAVE_KEYS = ("save_interval", "save_steps", "start_step", "end_step")
 _MODE_PREFIXES = {"train.": ModeKeys.TRAIN, "eval.": ModeKeys.EVAL,
@@ -274,6 +279,9 @@ def parse_hook_config(doc: Mapping[str, Any], path: str = "<dict>",
             settings["reduction_config"] = reduction
         collections[name] = settings
     kwargs["include_collections"] = list(collections) or None
+    if doc.get("FlightRecorder") is not None:
+        kwargs["flight_recorder"] = FlightRecorderConfig.parse(doc["FlightRecorder"],
+                                                               f"{path} FlightRecorder")
     return HookConfig(hook_kwargs=kwargs, collections=collections, path=path)
 
 

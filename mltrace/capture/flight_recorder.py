@@ -31,7 +31,7 @@ import numpy as np
 
 from mltrace.capture.adapter import Adapter, ReductionItems
 from mltrace.collections import GRADIENT_PREFIX, SCALAR_COLLECTIONS, Collection, CollectionKeys
-from mltrace.config import ReductionConfig
+from mltrace.config import ReductionConfig, parse_flag
 from mltrace.exceptions import MltraceValueError
 from mltrace.format.flight_record import Dump, FirstNonFinite, FlightRecord, record_key
 from mltrace.modes import ModeKeys
@@ -154,10 +154,34 @@ class FlightRecorderConfig:
                 raise MltraceValueError(
                     f"{where}: unknown key(s) {unknown}; valid keys: "
                     f"{', '.join(cls.__dataclass_fields__)}")
-            return cls(**dict(value))
+            return cls(**{k: _coerce(k, v, where) for k, v in value.items()})
         raise MltraceValueError(
             f"{where}={value!r}: pass a FlightRecorderConfig(steps=50, ...), a dict of its fields, "
             "or True for the defaults")
+
+
+_INT_FIELDS = ("steps", "after_steps", "memory_budget", "loss_window", "max_dumps")
+_FLAG_FIELDS = ("raw", "nonfinite", "on_exception")
+
+
+def _coerce(key: str, value: Any, where: str) -> Any:
+    """A JSON config's value as the field's type: SageMaker-era files hold strings ("50",
+    "true", "min,max")."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    try:
+        if key in _INT_FIELDS:
+            return int(text)
+        if key == "loss_spike":
+            return None if text.lower() in ("", "none", "null", "off") else float(text)
+    except ValueError:
+        raise MltraceValueError(f"{where}.{key}={value!r} is not a number") from None
+    if key in _FLAG_FIELDS:
+        return parse_flag(f"{where}.{key}", text)
+    if key in ("collections", "reductions"):
+        return [t.strip() for t in text.split(",") if t.strip()]
+    return value
 
 
 @dataclass

@@ -259,6 +259,10 @@ class TorchAdapter(Adapter):
         module.register_forward_pre_hook(outside(self._forward_pre_hook))
         module.register_forward_hook(outside(self._after_forward))
         self._install_tensor_hooks(inner)
+        assert self.hook is not None
+        sizes = [(n, p.numel() * p.element_size()) for n, p in inner.named_parameters()]
+        self.hook.check_recorder_budget(
+            [(f"{root}_{n}", b) for n, b in sizes] + [(f"{GRADIENT_PREFIX}{root}_{n}", b) for n, b in sizes])
 
     def register_loss(self, loss_module: torch.nn.Module) -> None:
         """Save the output of a loss module as ``<LossClass>_output_0``."""
