@@ -24,7 +24,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -244,6 +244,7 @@ class FlightRecorder:
         self._first: FirstNonFinite | None = None
         self._last: _Step | None = None  # the step that ended last
         self._record_changed = False
+        self._spike_quiet_until = -1
         self._warned_budget = False
         #: called after each dump with the record and the dump (the hook tells its sinks)
         self.on_dump: Callable[[FlightRecord, Dump], None] = lambda record, dump: None
@@ -331,8 +332,10 @@ class FlightRecorder:
                     self._armed = False
                     self._request("nonfinite", f"{first.tensor} held a NaN or an infinity at step "
                                   f"{first.step}", first)
-                elif spike is not None:
-                    self._request("loss_spike", spike)
+                elif spike is not None and step.step >= self._spike_quiet_until:
+                    if self._request("loss_spike", spike):
+                        # the loss takes a while to settle after a spike: one dump per spike
+                        self._spike_quiet_until = step.step + self.config.loss_window
             if self._after_left > 0 or self._pending is not None:
                 self._to_host(step)
                 write_current(self._records(step))
@@ -393,6 +396,19 @@ class FlightRecorder:
     # -- inside ---------------------------------------------------------------------------------
 
     def _request(self, kind: str, reason: str, first: FirstNonFinite | None = None) -> bool:
+        if self._after_left > 0 and self._pending is None and self._dump is not None:
+            # The steps after a dump are being written at full resolution already: a trigger
+            # now (a loss spike's aftermath, the NaN that followed it) adds no dump.
+            if first is not None and self.record.first_nonfinite is None:
+                self.record.first_nonfinite = first
+                self.record.dumps[-1] = self._dump = replace(self._dump, first_nonfinite=first)
+                self._record_changed = True
+                logger.error("flight recorder: first non-finite tensor: %s (%s, tensor %d of step "
+                             "%d, %s), in the steps written after the %s dump", first.tensor,
+                             first.phase, first.position, first.step, first.worker,
+                             self._dump.trigger)
+            logger.info("flight recorder: %s (%s) while writing the steps after a dump", kind, reason)
+            return False
         if len(self.record.dumps) + (self._pending is not None) >= self.config.max_dumps:
             logger.warning("flight recorder: not dumping for %s (%s): this run dumped %d times "
                            "already (max_dumps)", kind, reason, self.config.max_dumps)

@@ -1,0 +1,231 @@
+"""The flight recorder (mltrace.capture.flight_recorder) on a real PyTorch run: the steps around a
+NaN are in the trial at full resolution, the first non-finite tensor is the one that was poisoned,
+each trigger dumps, the memory budget holds, bad configurations fail at construction, and a dump
+that cannot be written leaves training running."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import subprocess
+import sys
+import time
+import uuid
+
+import numpy as np
+import pytest
+import torch
+
+import mltrace.pytorch as smd
+from mltrace.capture.flight_recorder import FlightRecorderConfig
+from mltrace.exceptions import MltraceValueError
+from mltrace.format.flight_record import REQUEST_FILE, read_records, record_key
+from mltrace.json_config import parse_hook_config
+from mltrace.storage import open_storage
+from mltrace.trials import create_trial
+from tests.flight_training import POISONED, train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+N, K = 20, 5
+ACTS = ["fc1_output_0", "relu1_output_0", "fc2_output_0", "relu2_output_0", "fc3_output_0",
+        "relu3_output_0", "fc4_output_0"]
+GRADS = [f"gradient/Net_fc{i}.{p}" for i in range(1, 5) for p in ("weight", "bias")]
+
+
+def _records(out_dir: str):
+    return read_records(open_storage(out_dir))
+
+
+def test_a_nan_at_a_random_step_dumps_the_steps_around_it_and_names_the_poisoned_tensor(tmp_path, caplog):
+    poison = random.Random(15).randrange(40, 120)
+    out = str(tmp_path / "run")
+    with caplog.at_level(logging.ERROR, logger="mltrace"):
+        train(out, steps=poison + 30, poison_step=poison)
+    trial = create_trial(out)
+    window = list(range(poison - N, poison + K + 1))
+    assert trial.steps() == [0] + window  # save_interval=500 alone would have kept step 0
+    for step in window:  # full resolution: every recorded tensor's reductions at every step
+        for name in ACTS + GRADS:
+            for red in ("min", "max", "mean", "std", "l2"):
+                assert np.isscalar(trial.tensor(name).reduction_value(step, red)) or \
+                    trial.tensor(name).reduction_value(step, red).size == 1
+        assert trial.tensor("MSELoss_output_0").value(step).size == 1
+    # before the poisoned step all is finite; at it, fc2's output and what follows are NaN
+    assert all(np.isfinite(trial.tensor(n).reduction_value(poison - 1, "max")) for n in ACTS + GRADS)
+    assert np.isfinite(trial.tensor("relu1_output_0").reduction_value(poison, "max"))
+    assert np.isnan(trial.tensor(POISONED).reduction_value(poison, "max"))
+    (record,) = _records(out)
+    (dump,) = record.dumps
+    assert (dump.trigger, dump.step, dump.steps_before, dump.steps_after) == (
+        "nonfinite", poison, window[:N], window[N + 1:])
+    first = record.first_nonfinite
+    assert first is not None and dump.first_nonfinite == first
+    assert (first.tensor, first.step, first.mode, first.worker, first.phase) == (
+        POISONED, poison, "GLOBAL", "worker_0", "forward")
+    assert first.position == 2  # after fc1's and relu1's outputs, in call order
+    assert first.nonfinite_tensors[:3] == [POISONED, "relu2_output_0", "fc3_output_0"]
+    assert any(POISONED in r.getMessage() and "first non-finite" in r.getMessage().lower()
+               for r in caplog.records)
+
+
+def test_the_trial_says_which_steps_came_from_the_recorder(tmp_path):
+    out = str(tmp_path / "run")
+    train(out, steps=40, poison_step=30)
+    record = json.loads((tmp_path / "run" / record_key("worker_0")).read_text())
+    assert record["dumps"][0]["reason"].startswith(POISONED)
+    assert sorted(record["dumps"][0]["steps_before"] + [30] + record["dumps"][0]["steps_after"]) == \
+        create_trial(out).steps()[1:]
+
+
+def test_raw_copies_are_kept_within_the_budget_and_the_oldest_dropped(tmp_path):
+    # One step keeps raw copies of 7 activations (32x16 or 32x1 float32) and 8 gradients: about
+    # 18 KB. A budget of 60 KB holds three steps, not twenty.
+    budget = 60_000
+    config = FlightRecorderConfig(steps=20, after_steps=2, collections=["gradients", "activations"],
+                                  raw=True, memory_budget=budget)
+    out = str(tmp_path / "run")
+    run = train(out, steps=40, poison_step=30, recorder=config)
+    assert 0 < run.max_ring_bytes <= budget
+    (dump,) = _records(out)[0].dumps
+    assert dump.steps_before == [27, 28, 29]
+    trial = create_trial(out)
+    assert trial.tensor(POISONED).value(29).shape == (32, 16)
+    assert np.isnan(trial.tensor(POISONED).value(30)).all()
+    assert np.isfinite(trial.tensor("fc1_output_0").value(30)).all()
+
+
+def test_a_loss_spike_dumps(tmp_path):
+    config = FlightRecorderConfig(steps=10, after_steps=2, collections=["losses", "gradients"],
+                                  loss_spike=10.0, loss_window=20)
+    out = str(tmp_path / "run")
+    run = train(out, steps=50, poison_step=None, recorder=config, loss_scale_at=35)
+    (dump,) = _records(out)[0].dumps
+    assert dump.trigger == "loss_spike" and dump.step == 35
+    assert "MSELoss_output_0" in dump.reason and "median" in dump.reason
+    assert create_trial(out).tensor("MSELoss_output_0").value(35).item() == pytest.approx(run.losses[35])
+    assert dump.steps_before == list(range(25, 35)) and dump.steps_after == [36, 37]
+
+
+def test_a_manual_dump_mid_step_is_written_at_the_steps_end(tmp_path):
+    def on_step(hook, step):
+        if step == 12:
+            hook.dump_flight_recorder("the validation curve looks odd")
+
+    out = str(tmp_path / "run")
+    train(out, steps=20, poison_step=None, on_step=on_step)
+    (dump,) = _records(out)[0].dumps
+    assert (dump.trigger, dump.step, dump.reason) == ("manual", 12, "the validation curve looks odd")
+    assert dump.steps_before == list(range(0, 12)) and dump.steps_after == [13, 14, 15, 16, 17]
+    assert create_trial(out).steps() == list(range(0, 18))
+
+
+def test_a_rules_request_dumps_at_the_next_look(tmp_path):
+    out = str(tmp_path / "run")
+
+    def on_step(hook, step):
+        if step == 15:  # a rule (mltrace.rules.actions) writes the request into the trial
+            request = {"id": uuid.uuid4().hex, "rule": "LossNotDecreasing", "step": 14,
+                       "message": "loss flat", "time": time.time()}
+            (tmp_path / "run" / REQUEST_FILE).write_text(json.dumps(request))
+
+    train(out, steps=25, poison_step=None, on_step=on_step, stop_check_interval=0)
+    (dump,) = _records(out)[0].dumps
+    assert dump.trigger == "rule" and "LossNotDecreasing" in dump.reason
+    assert dump.step == 16  # looked for at the boundary that begins step 16
+
+
+def test_an_exception_escaping_the_script_dumps_before_exit(tmp_path):
+    out = str(tmp_path / "run")
+    spec = {"steps": 40, "poison_step": 25, "fault": "raise"}
+    done = subprocess.run([sys.executable, "-m", "tests.flight_training", out, json.dumps(spec)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "injected failure at step 25" in done.stderr
+    (dump,) = _records(out)[0].dumps
+    assert dump.trigger == "exception" and "RuntimeError: injected failure" in dump.reason
+    assert dump.step == 25 and dump.steps_before == list(range(5, 25))
+    trial = create_trial(out)
+    assert 25 in trial.steps()  # the step that failed, as far as it ran (its forward)
+    assert trial.tensor("fc4_output_0").reduction_value(25, "mean") is not None
+
+
+def test_a_dump_that_cannot_be_written_is_logged_and_training_goes_on(tmp_path):
+    out = str(tmp_path / "run")
+    spec = {"steps": 40, "poison_step": 25, "fault": "disk_full",
+            "recorder": None}
+    spec.pop("recorder")
+    done = subprocess.run([sys.executable, "-m", "tests.flight_training", out, json.dumps(spec)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(json.loads(done.stdout.strip().splitlines()[-1])["losses"]) == 40  # every step ran
+    assert "flight recorder: nonfinite at step 25" in done.stderr
+    assert "File too large" in done.stderr  # the cause of the lost files, named
+    trial = create_trial(out)
+    assert 0 in trial.steps()  # what was written before the disk filled is still there
+
+
+def test_the_recorder_keeps_nothing_without_a_trigger_and_writes_no_record(tmp_path):
+    out = str(tmp_path / "run")
+    run = train(out, steps=60, poison_step=None)
+    assert create_trial(out).steps() == [0]
+    assert _records(out) == []
+    assert run.max_ring_bytes > 0
+
+
+def test_flight_recorder_config_is_exported_everywhere():
+    import mltrace.xgboost
+
+    assert mltrace.FlightRecorderConfig is smd.FlightRecorderConfig is FlightRecorderConfig
+    assert mltrace.xgboost.FlightRecorderConfig is FlightRecorderConfig
+
+
+def test_the_json_config_takes_a_flight_recorder_key(tmp_path):
+    config = parse_hook_config({"LocalPath": str(tmp_path / "run"), "FlightRecorder": {
+        "steps": "30", "after_steps": "4", "collections": "gradients,losses", "raw": "false",
+        "loss_spike": "none"}})
+    recorder = config.hook_kwargs["flight_recorder"]
+    assert (recorder.steps, recorder.after_steps, recorder.collections, recorder.loss_spike) == (
+        30, 4, ["gradients", "losses"], None)
+    hook = smd.Hook(**config.hook_kwargs)
+    assert hook.recorder is not None and hook.recorder.config.steps == 30
+    hook.close()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"steps": 0}, "steps=0"),
+    ({"after_steps": 0}, "after_steps=0"),
+    ({"steps": -5}, "steps=-5"),
+    ({"memory_budget": 0}, "memory_budget=0"),
+    ({"reductions": ["mean", "meen"]}, "meen"),
+    ({"loss_spike": 0.5}, "loss_spike=0.5"),
+])
+def test_invalid_settings_fail_at_construction(kwargs, message):
+    with pytest.raises(MltraceValueError, match=message):
+        FlightRecorderConfig(**kwargs)
+
+
+def test_an_unknown_collection_fails_when_the_hook_is_built(tmp_path):
+    with pytest.raises(MltraceValueError, match="no collection 'gradient'.*did you mean 'gradients'"):
+        smd.Hook(out_dir=str(tmp_path / "run"),
+                 flight_recorder=FlightRecorderConfig(collections=["gradient"]))
+
+
+def test_an_unknown_key_of_a_dict_config_is_named():
+    with pytest.raises(MltraceValueError, match=r"unknown key\(s\) \['step'\]"):
+        FlightRecorderConfig.parse({"step": 10})
+
+
+def test_a_budget_too_small_for_one_step_fails_when_the_model_is_registered(tmp_path):
+    hook = smd.Hook(out_dir=str(tmp_path / "run"), flight_recorder=FlightRecorderConfig(
+        collections=["gradients"], raw=True, memory_budget=10_000))
+    with pytest.raises(MltraceValueError, match="cannot hold one step.*raw=False"):
+        hook.register_module(torch.nn.Linear(100, 100))  # 40 KB of gradient per step
+    hook.close()
+
+
+def test_dump_without_a_recorder_says_how_to_get_one(tmp_path):
+    hook = smd.Hook(out_dir=str(tmp_path / "run"))
+    with pytest.raises(MltraceValueError, match="flight_recorder=FlightRecorderConfig"):
+        hook.dump_flight_recorder("why")
+    hook.close()
