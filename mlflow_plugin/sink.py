@@ -26,7 +26,9 @@ the global step (the x axis of the TensorBoard tab and of rule findings: every s
 mode counts), and the mode's own step at each global step is the metric ``train/mode_step``,
 ``eval/mode_step`` or ``predict/mode_step`` (a chart's x axis in MLflow's UI). At close the run
 gets a description (``mlflow.note.content``, see description.py). Params: the hook's configuration as ``mltrace.*``. Tags: ``mltrace.trial``,
-``mltrace.framework``, ``mltrace.version``, ``mltrace.run_type``.
+``mltrace.framework``, ``mltrace.version``, ``mltrace.run_type``; when the hook's flight
+recorder dumps, ``mltrace.first_nonfinite.*`` and ``mltrace.flight_recorder.*``
+(flight_recorder.py), set from the background thread.
 
 System metrics: ``system_metrics=True`` has MLflow sample CPU, memory, disk, network (and GPU)
 utilization into the run as ``system/...`` metrics while the sink is open (see _system_metrics).
@@ -49,10 +51,11 @@ import threading
 import time
 from typing import Any
 
-from mlflow_plugin import _keys, _system_metrics, _tracking, _transport, links
+from mlflow_plugin import _keys, _system_metrics, _tracking, _transport, flight_recorder, links
 from mltrace import __version__
 from mltrace.exceptions import MltraceRuntimeError, MltraceValueError
 from mltrace.format import paths
+from mltrace.format.flight_record import Dump, FlightRecord
 from mltrace.modes import ModeKeys
 
 logger = logging.getLogger(__name__)
@@ -132,6 +135,9 @@ class NullSink:
     def log_scalar(self, name: str, value: float, mode: ModeKeys, mode_step: int) -> None:
         """Ignore the scalar."""
 
+    def flight_recorder_dumped(self, record: Any, dump: Any) -> None:
+        """Nothing to tag: the chief worker's sink tags the run."""
+
     def close(self) -> None:
         """Nothing to close."""
 
@@ -185,6 +191,9 @@ class MlflowSink:
         self._strict = bool(getattr(hook, "strict", False))
         self._unraised: str | None = None
         self.metrics_sent = 0
+        #: tags the training thread handed over (flight recorder dumps), set by the thread
+        self._pending_tags: dict[str, str] = {}
+        self._tags_lock = threading.Lock()
         self._transport: Any = _transport.ThreadTransport(self.client, self.run_id)
         flag = os.environ.get("MLTRACE_MLFLOW_PROCESS", "1").strip().lower()
         default = flag not in ("0", "false", "no")
@@ -304,6 +313,39 @@ class MlflowSink:
         if len(pending) >= _WAKE_AT:
             self._wake.set()
 
+    def flight_recorder_dumped(self, record: FlightRecord, dump: Dump) -> None:
+        """Tag the run with the dump and the first non-finite tensor (see flight_recorder.py).
+
+        Called by the hook on the training thread: it only hands the tags to the background
+        thread (set within ``flush_interval``, at the latest at close). Never raises; a strict
+        hook gets a failure to set them from its next ``log_scalar`` or ``close``.
+        """
+        try:
+            tags = flight_recorder.dump_tags(record, dump)
+        except Exception as exc:  # a record of another shape: no tags, never a failed step
+            logger.warning("flight recorder dump not tagged on MLflow run %s: %s", self.run_id,
+                           exc)
+            return
+        with self._tags_lock:
+            self._pending_tags.update(tags)
+        if self._closed:  # after close (a dump at interpreter exit): no thread is left to do it
+            self._set_pending_tags()
+        else:
+            self._wake.set()
+
+    def _set_pending_tags(self) -> None:
+        with self._tags_lock:
+            tags, self._pending_tags = self._pending_tags, {}
+        if not tags:
+            return
+        try:
+            self._set_tags(tags)
+        except Exception as exc:
+            if self._strict and self._unraised is None:
+                self._unraised = f"flight recorder tags: {exc}"
+            logger.error("could not tag MLflow run %s with the flight recorder dump: %s",
+                         self.run_id, exc)
+
     def _safe_hook_params(self) -> dict[str, str]:
         try:
             return self._hook_params()
@@ -360,6 +402,7 @@ class MlflowSink:
                 self._describe()
             except Exception as exc:
                 logger.debug("first description of run %s: %s", self.run_id, exc)
+        self._set_pending_tags()
         items, self._held = self._held, []
         pending = self._pending
         while pending:
@@ -521,6 +564,7 @@ class MlflowSink:
             self._thread.join()
         if isinstance(self._transport, _transport.ProcessTransport):
             self._retire_process(timeout=600.0)
+        self._set_pending_tags()  # any the background thread did not get to
         if self._params and not self._params_logged and self.options.get("log_params", True):
             self._params_logged = True
             self._log_params(self._params)

@@ -1,4 +1,5 @@
-"""A small summary of a trial (collections, tensors, steps, statistics over steps, rule results),
+"""A small summary of a trial (collections, tensors, steps, statistics over steps, rule results,
+the flight recorder's first non-finite tensor and dumps),
 as a dict (logged as ``mltrace/summary.json``) and as one self-contained HTML page
 (``summary.html``, which MLflow's artifact browser renders), so that a run's tensors show in the
 MLflow UI. The statistics come from ``mltrace.analysis``, as the TensorBoard plugin's do.
@@ -14,6 +15,7 @@ import logging
 import math
 from typing import Any
 
+from mlflow_plugin import flight_recorder
 from mlflow_plugin.description import step_text
 from mltrace import analysis
 from mltrace.exceptions import MltraceError
@@ -131,6 +133,7 @@ def trial_summary(
         "tensor_count": len(info.tensors),
         "tensors": [_tensor_entry(trial, n, info, max_steps) for n in info.tensors[:max_tensors]],
         "rules": _rule_results(trial, latest_rule),
+        "flight_recorder": flight_recorder.summary_entry(trial),
     }
 
 
@@ -231,6 +234,40 @@ def _findings_html(rules: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _flight_recorder_html(entry: dict[str, Any] | None) -> list[str]:
+    """The first non-finite tensor, prominently, and the flight recorder's dumps (nothing when
+    the trial has neither)."""
+    e = html.escape
+    first = (entry or {}).get("first_nonfinite")
+    dumps = (entry or {}).get("dumps") or []
+    if not first and not dumps:
+        return []
+    out = ["<h3>Flight recorder</h3>"]
+    if first:
+        out.append(
+            f"<p style='color:#b00020;font-weight:bold'>First non-finite tensor: "
+            f"<code>{e(first['tensor'])}</code> at global step {first['step']} "
+            f"({e(first['mode'])} {first['mode_step']}), worker {e(first['worker'])}, "
+            f"{e(first['phase'])} pass</p>")
+    if dumps:
+        out.append("<table><tr><th>step</th><th>worker</th><th>trigger</th><th>reason</th>"
+                   "<th>steps written before</th><th>steps after</th></tr>")
+        for d in dumps:
+            out.append(
+                f"<tr><td>{d['step']}</td><td>{e(d['worker'])}</td><td>{e(d['trigger'])}</td>"
+                f"<td>{e(d['reason'])}</td><td>{e(_steps_text(d['steps_before']))}</td>"
+                f"<td>{e(_steps_text(d['steps_after']))}</td></tr>")
+        out.append("</table>")
+    return out
+
+
+def _steps_text(steps: list[int]) -> str:
+    """``first..last (n)`` of a sorted list of steps, ``-`` for none."""
+    if not steps:
+        return "-"
+    return str(steps[0]) if len(steps) == 1 else f"{steps[0]}..{steps[-1]} ({len(steps)})"
+
+
 def log_summary(client: Any, run_id: str, trial: Trial | str,
                 latest_rule: Any = None) -> dict[str, Any]:
     """Write the summary of ``trial`` into run ``run_id`` as ``mltrace/summary.html`` and
@@ -261,6 +298,7 @@ def summary_html(info: dict[str, Any]) -> str:
         f"<p>workers: {e(', '.join(info['workers']))}; training ended: {info['training_ended']}; "
         f"{info['tensor_count']} tensors</p>",
     ]
+    out += _flight_recorder_html(info.get("flight_recorder"))
     out += _findings_html(info.get("rules") or [])
     out.append("<h3>Steps</h3><p>Steps are global steps: every step the hook saw, in every mode "
                "(the x axis of the charts below, of mltrace's MLflow metrics and of its "
