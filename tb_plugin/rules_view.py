@@ -1,5 +1,6 @@
 """The Rules panel's data: one entry per rule with its history of executions, findings first, and
-a link to each execution's MLflow run found from the trial's own MLflow record.
+a link to each execution's MLflow run found from the trial's own MLflow record; above them, the
+flight recorder's first non-finite tensor and its dumps (``flight_recorder``).
 
 Steps: a rule is evaluated at global steps (``invoke_rule``), so ``fired_steps`` are global
 steps; each is also given as (mode, mode step), the numbers a rule's message and MLflow's
@@ -9,6 +10,7 @@ per-mode metrics use (``eval/...`` at EVAL step 10 is global step 210 here).
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import Any
 
 from mltrace.exceptions import MltraceError
@@ -106,7 +108,33 @@ def rules(trial: Trial, mlflow_uri: str | None) -> dict[str, Any]:
         out.append({"rule": name, "status": history[0]["status"], "runs": len(history),
                     "history": history})
     out.sort(key=lambda r: (STATUS_ORDER.get(r["status"], 2), -r["history"][0]["started"]))
-    return {"run": trial.name, "rules": out, "mlflow": ui}
+    return {"run": trial.name, "rules": out, "mlflow": ui,
+            "flight_recorder": flight_recorder(trial)}
+
+
+def _steps(steps: list[int]) -> dict[str, Any]:
+    """A dump's written steps: the first ``MAX_STEPS_LISTED`` and their count."""
+    ordered = sorted(steps)
+    return {"count": len(ordered), "steps": ordered[:MAX_STEPS_LISTED]}
+
+
+def flight_recorder(trial: Trial) -> dict[str, Any]:
+    """The flight recorder's part of the panel: ``first_nonfinite`` (the earliest over the
+    workers, or None) and ``dumps`` of every worker, oldest first, each with its trigger,
+    reason, step (global, and mode step) and the steps it wrote before and after the trigger."""
+    first = trial.first_nonfinite()
+    dumps = []
+    for record in trial.flight_records():
+        for dump in record.dumps:
+            dumps.append({
+                "worker": record.worker, "trigger": dump.trigger, "reason": dump.reason,
+                "step": dump.step, "mode": dump.mode, "mode_step": dump.mode_step,
+                "time": dump.time, "before": _steps(dump.steps_before),
+                "after": _steps(dump.steps_after),
+                "first_nonfinite": dump.first_nonfinite.tensor if dump.first_nonfinite else None,
+            })
+    dumps.sort(key=lambda d: (d["time"], d["step"], d["worker"]))
+    return {"first_nonfinite": asdict(first) if first is not None else None, "dumps": dumps}
 
 
 def findings(trial: Trial, tensors: list[str]) -> list[dict[str, Any]]:

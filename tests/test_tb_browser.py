@@ -25,6 +25,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from tests.browser import headless_chromium
+from tests.flight_records import POISONED, write_records
 from tests.rule_trials import write_trial
 from tests.servers import free_port, s3_server  # noqa: F401 - fixture
 from tests.tb_trials import (
@@ -360,6 +361,25 @@ def test_rules_findings_first_clean_folded_names_escaped_and_no_leak_between_pan
     _choose(browser, wait, XSS_NAME)
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#mt-chart .uplot"))
     assert not browser.find_elements(By.CSS_SELECTOR, "img") and browser.execute_script("return document.title") != "1"
+
+
+def test_rules_panel_shows_the_first_nonfinite_tensor_and_the_dumps(fast_server, browser, logs):
+    write_records(str(logs / "exp" / "runB"))  # read at each request: no reload needed
+    wait = _open_tab(browser, fast_server)
+    _runs(browser, "runB")
+    _panel(browser, wait, "rules")
+    box = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, ".mt-nonfinite"))
+    assert box.find_element(By.CSS_SELECTOR, ".mt-nonfinite-name").text == POISONED
+    assert "at global step 12 (TRAIN 12), worker worker_1, forward pass" in box.text
+    assert "also non-finite at that step: Net_fc3_output_0" in box.text
+    rows = browser.find_elements(By.CSS_SELECTOR, "table.mt-dumps tr[data-trigger]")
+    assert [r.get_attribute("data-trigger") for r in rows] == ["manual", "nonfinite", "nonfinite"]
+    assert "2–11 (10 steps)" in rows[1].text and "13–15 (3 steps)" in rows[1].text
+    assert f"NaN in {POISONED}" in rows[1].text and "0, 1, 2, 3, 4, 5, 6, 7 … (400 in all)" in rows[2].text
+    section = browser.find_element(By.CSS_SELECTOR, ".mt-run-section")
+    text = section.text  # the recorder first, then the rules' findings
+    assert "Flight recorder: 3 dumps" in text and text.index(POISONED) < text.index("LossNotDecreasing")
+    _shot(browser, "tb_flight_recorder.png")
 
 
 def test_live_trial_new_tensors_and_steps_appear(fast_server, browser, logs):

@@ -292,6 +292,19 @@ export function firedText(execution, limit = 12) {
   return parts.join(", ") + more;
 }
 
+/** The steps a flight recorder dump wrote ({count, steps}): "11–12 (2 steps)" when they run
+ * without a gap, else the first few and the count; "—" for none. */
+export function dumpStepsText(written, limit = 8) {
+  const steps = (written && written.steps) || [];
+  const count = written ? written.count : 0;
+  if (!count || !steps.length) return "—";
+  if (count === 1) return String(steps[0]);
+  const last = steps[steps.length - 1];
+  if (steps.length === count && last - steps[0] === count - 1) return `${steps[0]}–${last} (${count} steps)`;
+  const more = count > limit ? ` … (${count} in all)` : "";
+  return steps.slice(0, limit).join(", ") + more;
+}
+
 /** A time of a rule execution (seconds since the epoch) as "2026-11-24 03:40:12 UTC". */
 export function timeText(seconds) {
   if (seconds === null || seconds === undefined) return "—";

@@ -1,9 +1,39 @@
 // mltrace tab: the Rules panel. One row per rule (its newest execution), findings first and the
 // rules that found nothing folded away; each row keeps its history of executions with their times.
+// Above the rules, the flight recorder: the first non-finite tensor, prominently, and each dump.
 // Steps are global steps, with the mode step beside (what the rule's own message counts in).
 
 import {el, getJSON} from "./dom.js";
-import {firedText, splitRules, stepLabel, timeText} from "./data.js";
+import {dumpStepsText, firedText, splitRules, stepLabel, timeText} from "./data.js";
+
+function firstNonFinite(x) {
+  const others = x.nonfinite_tensors.filter((t) => t !== x.tensor);
+  return el("div", {class: "mt-nonfinite", "data-tensor": x.tensor},
+    el("div", {class: "mt-nonfinite-title"}, "First non-finite tensor: ", el("code", {class: "mt-nonfinite-name"}, x.tensor)),
+    el("div", {}, `at global step ${stepLabel(x.step, `${x.mode} ${x.mode_step}`)}, worker ${x.worker}, ${x.phase} pass` +
+      ` (tensor ${x.position + 1} of the step in execution order)`),
+    others.length ? el("div", {class: "mt-note"}, `also non-finite at that step: ${others.join(", ")}`) : null);
+}
+
+function dumpsTable(dumps) {
+  return el("table", {class: "mt-table mt-dumps"},
+    el("tr", {}, ["Dumped at global step", "Trigger", "Reason", "Worker", "Steps written before", "Steps after", "Time"].map((h) => el("th", {}, h))),
+    dumps.map((x) => el("tr", {"data-trigger": x.trigger},
+      el("td", {}, stepLabel(x.step, `${x.mode} ${x.mode_step}`)),
+      el("td", {}, el("span", {class: `mt-trigger mt-trigger-${x.trigger}`}, x.trigger)),
+      el("td", {}, x.reason || "—"), el("td", {}, x.worker),
+      el("td", {}, dumpStepsText(x.before)), el("td", {}, dumpStepsText(x.after)),
+      el("td", {}, timeText(x.time)))));
+}
+
+/** The flight recorder's block of a run, or null when it has nothing to show. */
+function flightRecorder(fr) {
+  if (!fr || (!fr.first_nonfinite && !fr.dumps.length)) return null;
+  return el("div", {class: "mt-flight"},
+    fr.first_nonfinite ? firstNonFinite(fr.first_nonfinite) : null,
+    fr.dumps.length ? el("h4", {}, `Flight recorder: ${fr.dumps.length} dump${fr.dumps.length > 1 ? "s" : ""}`) : null,
+    fr.dumps.length ? dumpsTable(fr.dumps) : null);
+}
 
 function mlflowCell(x) {
   if (x.mlflow_url) return el("a", {href: x.mlflow_url, target: "_blank", rel: "noopener noreferrer", class: "mt-mlflow"}, "MLflow run");
@@ -54,6 +84,8 @@ export async function rulesPanel(ctx) {
       continue;
     }
     if (!ctx.alive()) return;
+    const recorder = flightRecorder(answer.flight_recorder);
+    if (recorder) section.appendChild(recorder);
     if (!answer.rules.length) {
       section.appendChild(el("div", {class: "mt-note"}, "No rule has run on this trial yet (python -m mltrace.rules.rule_invoker --trial-dir ... --rule-name ...)."));
       continue;

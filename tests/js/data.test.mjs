@@ -143,3 +143,12 @@ test("live: a run changed when tensors or steps appear or it ends", () => {
   assert.equal(d.runChanged(a, {...a, tensors: ["x", "y"]}), true);
   assert.equal(d.runChanged(a, {...a, ended: true}), true);
 });
+
+test("the steps a flight recorder dump wrote", () => {
+  assert.equal(d.dumpStepsText({count: 0, steps: []}), "—");
+  assert.equal(d.dumpStepsText(null), "—");
+  assert.equal(d.dumpStepsText({count: 1, steps: [14]}), "14");
+  assert.equal(d.dumpStepsText({count: 3, steps: [10, 11, 12]}), "10–12 (3 steps)");
+  assert.equal(d.dumpStepsText({count: 3, steps: [10, 12, 13]}), "10, 12, 13");
+  assert.equal(d.dumpStepsText({count: 300, steps: [...Array(200).keys()]}, 3), "0, 1, 2 … (300 in all)");
+});
