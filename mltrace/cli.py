@@ -47,6 +47,7 @@ def _info(args: argparse.Namespace) -> int:
     print("  tensors:")
     for name in info.tensors:
         print(f"    {name}: {len(trial.tensor(name).steps())} steps")
+    _print_flight_recorder(trial)
     if trial.skipped_files:
         print(f"  skipped (damaged) index files: {', '.join(trial.skipped_files)}")
     if info.ended:  # while training runs, an events file comes before its index
@@ -57,6 +58,20 @@ def _info(args: argparse.Namespace) -> int:
                 + ", ".join(orphans)
             )
     return 0
+
+
+def _print_flight_recorder(trial: Trial) -> None:
+    """The first non-finite tensor and the flight recorder's dumps, when the trial has them."""
+    first = trial.first_nonfinite()
+    if first is not None:
+        print(f"  first non-finite tensor: {first.tensor} at step {first.step} "
+              f"({first.mode} {first.mode_step}), {first.worker}, {first.phase} pass")
+    for record in trial.flight_records():
+        for dump in record.dumps:
+            written = sorted({*dump.steps_before, *dump.steps_after})
+            print(f"  flight recorder dump at step {dump.step} ({record.worker}): {dump.trigger}, "
+                  f"{dump.reason or '-'}; {len(written)} steps written"
+                  + (f" ({written[0]}..{written[-1]})" if written else ""))
 
 
 def _check_exists(location: str, wait: float) -> None:

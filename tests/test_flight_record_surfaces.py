@@ -207,8 +207,24 @@ def test_trial_reads_flight_records_and_the_first_nonfinite_tensor(tmp_path, cap
     assert [r.worker for r in records] == ["worker_0", "worker_1"]
     assert records[0].dumps == [dump] and records[0].recorded_steps == [11, 12, 14]
     assert trial.first_nonfinite() == early  # the lower step wins over the workers
-    # the record folder is no trial part the reader or the trial finders walk into
     assert trial.steps() == [0, 10, 20]
+
+
+def test_mltrace_info_shows_the_first_nonfinite_tensor_and_the_dumps(tmp_path, capsys):
+    path = write_trial(tmp_path / "run", {s: {"w": np.ones(2)} for s in range(3)})
+    assert cli.main(["info", path]) == 0
+    out = capsys.readouterr().out
+    assert "tensors:" in out and "non-finite" not in out and "flight recorder" not in out
+    first = _poisoned("worker_0", 2, "Net_relu_output_0")
+    dump = Dump(trigger="nonfinite", reason="NaN in Net_relu_output_0", step=2, mode="TRAIN",
+                mode_step=2, time=1.7e9, steps_before=[0, 1], steps_after=[3, 4], first_nonfinite=first)
+    open_storage(path).write(record_key("worker_0"), FlightRecord("worker_0", [dump], first).to_json())
+    assert cli.main(["info", path]) == 0
+    out = capsys.readouterr().out
+    assert ("first non-finite tensor: Net_relu_output_0 at step 2 (TRAIN 2), worker_0, forward pass"
+            in out)
+    assert ("flight recorder dump at step 2 (worker_0): nonfinite, NaN in Net_relu_output_0; "
+            "4 steps written (0..4)") in out
 
 
 def test_watch_rules_json_actions(tmp_path):
