@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, ClassVar, Self, cast
 
-from mltrace.capture.flight_recorder import FlightRecorderConfig
+from mltrace.capture.flight_recorder import FlightRecorder, FlightRecorderConfig
 from mltrace.capture.options import HookOptions
 from mltrace.collections import Collection as _CoreCollection
 from mltrace.collections import CollectionManager
@@ -33,6 +33,9 @@ class TFHookAPI:
     (raise mltrace's internal errors), ``saveall`` (Tornasole's spelling of save_all), ``mlflow``
     and ``stop_check_interval``; each is described in mltrace.capture.options.HookOptions.
     ``metrics``, ``losses`` and ``sm_metrics`` are always saved (as smdebug).
+    ``flight_recorder`` keeps the last steps of chosen collections in memory, fetched on every
+    step through the hook's own callbacks, and writes them when something goes wrong
+    (mltrace.capture.flight_recorder).
     """
 
     #: Collections saved when ``include_collections`` names none (TornasoleHook: more).
@@ -120,6 +123,17 @@ class TFHookAPI:
     def record_tensor_value(self, tensor_name: str, tensor_value: Any) -> None:
         """Save a metric computed by the user (seed 003) as ``<tensor_name>`` in ``metrics``."""
         self.adapter.record_tensor_value(tensor_name, tensor_value)
+
+    def dump_flight_recorder(self, reason: str = "asked by hand") -> None:
+        """Write the flight recorder's steps to the trial now (between steps) or at the current
+        step's end, then the next ``after_steps`` steps at full resolution (see
+        mltrace.hook.Hook.dump_flight_recorder).
+
+        Raises:
+            mltrace.exceptions.MltraceValueError: the hook has no flight recorder
+                (``flight_recorder=FlightRecorderConfig(...)`` turns it on).
+        """
+        self.core.dump_flight_recorder(reason)
 
     def flush(self) -> None:
         """Write the current step's files and wait until they are stored (see
@@ -231,6 +245,12 @@ class TFHookAPI:
     def num_workers(self) -> int:
         """The number of workers of the job (known once the first step began)."""
         return self.core.num_workers
+
+    @property
+    def recorder(self) -> FlightRecorder | None:
+        """The flight recorder (mltrace.capture.flight_recorder), if ``flight_recorder=`` asked
+        for one (None in dry runs)."""
+        return self.core.recorder
 
     @property
     def stop_requested(self) -> dict[str, Any] | None:

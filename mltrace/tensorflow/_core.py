@@ -172,6 +172,58 @@ class TFAdapter(Adapter):
                 return result
         return super().reduce(value, items)
 
+    # -- Adapter protocol: the flight recorder (mltrace.capture.flight_recorder) -----------------
+    def reduce_on_device(self, value: Any, items: ReductionItems) -> Any:
+        """The reductions as one float64 vector left where the value lives (a _Started), or the
+        results at once where numpy computes them (host values, complex and string tensors)."""
+        if _tensors.is_tf_value(value):
+            started = _tensors.start_reductions(value, items)
+            if isinstance(started, tf.Tensor):
+                return _Started(items, started)
+            if started is not None:
+                return started
+        return super().reduce(value, items)
+
+    def reductions_to_host(self, started: list[Any]) -> list[list[np.ndarray | None]]:
+        """A step's reductions left on devices, concatenated and copied to the host together:
+        one copy per device (one per step on one device)."""
+        pending = [s for s in started if isinstance(s, _Started)]
+        host: dict[int, np.ndarray] = {}
+        for device in {s.values.device for s in pending}:
+            here = [s for s in pending if s.values.device == device]
+            values = tf.concat([s.values for s in here], axis=0).numpy()
+            offsets = np.cumsum([0] + [len(s.items) for s in here])
+            host.update({id(s): values[a:b] for s, a, b in zip(here, offsets, offsets[1:])})
+        return [_tensors.host_results(s.items, host[id(s)]) if isinstance(s, _Started) else s
+                for s in started]
+
+    def shape_and_dtype(self, value: Any) -> tuple[tuple[int, ...], Any]:
+        """A TF value's shape and numpy dtype (the recorder writes a loss back with it)."""
+        if _tensors.is_tf_value(value):
+            dtype = tf.as_dtype(value.dtype)
+            return tuple(int(d) for d in value.shape), (
+                np.float32 if dtype == tf.bfloat16 else dtype.as_numpy_dtype)
+        return super().shape_and_dtype(value)
+
+    def snapshot(self, value: Any) -> Any:
+        """A copy where the value lives (a variable's value as it is now); no host transfer
+        until a dump."""
+        if _tensors.is_tf_value(value):
+            return tf.identity(dense(value))
+        return super().snapshot(value)
+
+    def nbytes(self, snapshot: Any) -> int:
+        """A tensor's bytes."""
+        if isinstance(snapshot, tf.Tensor):
+            return int(snapshot.shape.num_elements() or 0) * snapshot.dtype.size
+        return super().nbytes(snapshot)
+
+    def recording(self, colls: Iterable[_CoreCollection]) -> bool:
+        """True if the flight recorder keeps a tensor of ``colls`` this step: it is fetched on
+        every step, due or not."""
+        recorder = self.hook.recorder
+        return recorder is not None and recorder.records(colls)
+
     def is_member(self, collection: _CoreCollection, name: str) -> bool:
         """smdebug's TensorFlow membership: weights, biases, gradients and optimizer variables by
         name only (the hook names their members); ``layers`` holds layer inputs/outputs whose
@@ -221,7 +273,7 @@ class TFAdapter(Adapter):
         hook, plan = self.hook, self.hook.plan
         if hook.disabled or hook.step_written or not hook.clock.started:
             return
-        if plan.due_for(plan.saved) or plan.nan_watch:
+        if plan.due_for(plan.saved) or plan.nan_watch or self.recording(plan.watched):
             self.on_step_end()
 
     def on_closed(self) -> None:
@@ -524,6 +576,16 @@ class TFAdapter(Adapter):
         self.register(tensor_name, CollectionKeys.METRICS)
         if self.hook.prepared and self.hook.clock.started:
             self.hook.save_for_tensor(tensor_name, tensor_value)
+
+
+class _Started:
+    """Reductions started on a device: ``values`` (float64, one per item) not yet copied."""
+
+    __slots__ = ("items", "values")
+
+    def __init__(self, items: ReductionItems, values: tf.Tensor) -> None:
+        self.items = items
+        self.values = values
 
 
 def is_symbolic(value: Any) -> bool:

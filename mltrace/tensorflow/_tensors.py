@@ -47,6 +47,18 @@ def to_numpy(value: Any) -> np.ndarray:
 def reduce_on_device(value: Any, items: list[tuple[str, bool]]) -> list[np.ndarray | None] | None:
     """The reductions ``items`` of a TF value with TF ops where it lives, copied to the host
     once; None when numpy must do it (complex or string tensors)."""
+    started = start_reductions(value, items)
+    if started is None or isinstance(started, list):
+        return started
+    return host_results(items, started.numpy())  # one device-to-host copy per tensor
+
+
+def start_reductions(
+    value: Any, items: list[tuple[str, bool]]
+) -> tf.Tensor | list[np.ndarray | None] | None:
+    """The reductions ``items`` of a TF value as one float64 vector left where the value lives
+    (:func:`host_results` reads it once copied); ``[None, ...]`` for an empty tensor, None when
+    numpy must do it (complex or string tensors)."""
     t = tf.reshape(dense(value), [-1])
     if t.dtype.is_complex or t.dtype == tf.string:
         return None
@@ -57,10 +69,14 @@ def reduce_on_device(value: Any, items: list[tuple[str, bool]]) -> list[np.ndarr
     elif t.dtype in (tf.float16, tf.bfloat16):
         t = tf.cast(t, tf.float32)
     names = [canonical_name(name) for name, _ in items]
-    outs = [
-        tf.cast(_tf_reduction(t, name, abs_), tf.float64) for name, (_, abs_) in zip(names, items)
-    ]
-    host = tf.stack(outs).numpy()  # one device-to-host copy per tensor
+    return tf.stack(
+        [tf.cast(_tf_reduction(t, name, abs_), tf.float64) for name, (_, abs_) in zip(names, items)]
+    )
+
+
+def host_results(items: list[tuple[str, bool]], host: np.ndarray) -> list[np.ndarray | None]:
+    """The results of :func:`start_reductions` once on the host (counts as int64, as numpy's)."""
+    names = [canonical_name(name) for name, _ in items]
     return [np.asarray(np.int64(h) if n in _COUNTS else h) for n, h in zip(names, host)]
 
 

@@ -39,7 +39,7 @@ from mltrace.collections import CollectionKeys
 from mltrace.exceptions import MltraceTypeError
 from mltrace.modes import ModeKeys
 from mltrace.tensorflow._api import TFHookAPI
-from mltrace.tensorflow._core import TFAdapter
+from mltrace.tensorflow._core import BY_NAME_ONLY, TFAdapter
 from mltrace.tensorflow._tensors import gradient_name, io_names, layer_weight_name
 
 logger = logging.getLogger(__name__)
@@ -64,6 +64,7 @@ class KerasAdapter(TFAdapter):
         self._loops = 0  # fit / evaluate / predict loops running (validation nests in fit)
         self._versions: dict[tuple[int, ModeKeys], tuple[Any, Any]] = {}
         self._capture_due: dict[tuple[frozenset[str], int], bool] = {}
+        self._capture_recorded: dict[int, bool] = {}  # by len(captured_names)
 
     # -- model registration -----------------------------------------------------------------
     def register_model(self, model: Any, keras_loop: bool = False) -> bool:
@@ -92,7 +93,7 @@ class KerasAdapter(TFAdapter):
             self._wrap_compute_metrics(model)
             installed = True
         optimizer = getattr(model, "optimizer", None)
-        wants_grads = CollectionKeys.GRADIENTS in {c.name for c in self.hook.plan.saved} or any(
+        wants_grads = CollectionKeys.GRADIENTS in {c.name for c in self.hook.plan.watched} or any(
             self.wanted(gradient_name(v)) for v in model.trainable_variables
         )
         if optimizer is not None and wants_grads and self.wrap_keras_optimizer(optimizer):
@@ -164,6 +165,39 @@ class KerasAdapter(TFAdapter):
         self._versions.clear()
         self.tracing_captures = None
 
+    @guarded(user_facing=True)
+    def check_recorder_budget(self, model: Any) -> None:
+        """Raise if the flight recorder's memory budget cannot hold one step of what it keeps of
+        ``model``'s weights and gradients (known before the first batch, so fit fails at once
+        rather than the recorder turning itself off later).
+
+        Raises:
+            mltrace.exceptions.MltraceValueError: naming the bytes one step needs and the fixes.
+        """
+        recorder = self.hook.recorder
+        if recorder is None or model is None:
+            return
+        self.hook.prepare()  # the recorded collections are resolved with the saved ones
+        keys: dict[str, str] = {}
+        sizes: list[tuple[str, int]] = []
+        for layer in model.layers:
+            for var in layer.weights:
+                name = layer_weight_name(layer.name, var)
+                keys[name] = self.classify_variable(var)
+                sizes.append((name, _nbytes(var)))
+        for var in model.trainable_variables:
+            name = gradient_name(var)
+            keys[name] = CollectionKeys.GRADIENTS
+            sizes.append((name, _nbytes(var)))
+        recorded = recorder.collections
+        names = {c.name for c in recorded}
+
+        def member(name: str) -> bool:
+            return keys[name] in names or any(
+                c.name not in BY_NAME_ONLY and self.is_member(c, name) for c in recorded)
+
+        recorder.check_budget(sizes, member)
+
     # -- the callbacks' work ----------------------------------------------------------------
     @guarded()
     def loop_begin(self, mode: ModeKeys, model: Any) -> None:
@@ -231,11 +265,14 @@ class KerasAdapter(TFAdapter):
             model.stop_training = True
 
     def _wants_captures(self) -> bool:
-        """True if this step saves something only in-step captures see."""
+        """True if this step saves (or the flight recorder keeps) something only in-step
+        captures see."""
         plan = self.hook.plan
         if not self.hook.step_active:
             return False
         if plan.nan_watch or not self.captured_names:  # (known once the version is traced)
+            return True
+        if self._records_captures():
             return True
         due = plan.due_for(plan.saved)
         key = (frozenset(c.name for c in due), len(self.captured_names))
@@ -244,6 +281,20 @@ class KerasAdapter(TFAdapter):
             wanted = any(plan.due_for(plan.collections_of(n)) for n in self.captured_names)
             self._capture_due[key] = wanted
         return wanted
+
+    def _records_captures(self) -> bool:
+        """True if the flight recorder keeps an in-step value this step (gradients, layer
+        inputs/outputs, model inputs/outputs it records): the capturing version runs."""
+        recorder = self.hook.recorder
+        if recorder is None or recorder.current is None:
+            return False
+        key = len(self.captured_names)
+        if key not in self._capture_recorded:
+            plan = self.hook.plan
+            self._capture_recorded = {key: any(
+                any(c in recorder.collections for c in plan.collections_of(n))
+                for n in self.captured_names)}
+        return self._capture_recorded[key]
 
     @guarded()
     def batch_end(self, batch: int, logs: dict[str, Any] | None) -> None:
@@ -297,6 +348,11 @@ class KerasAdapter(TFAdapter):
             return  # validation inside fit: the epoch's logs still go into this step
         self.tracing_captures = None
         self.hook.flush()
+
+
+def _nbytes(var: Any) -> int:
+    """A variable's bytes."""
+    return int(np.prod(var.shape, dtype=np.int64)) * tf.as_dtype(var.dtype).size
 
 
 def _log_collection(key: str) -> str:
@@ -362,6 +418,7 @@ class KerasHook(TFHookAPI, tf.keras.callbacks.Callback):
 
     # -- Keras callbacks --------------------------------------------------------------------
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self.adapter.check_recorder_budget(self.model)
         self.adapter.loop_begin(ModeKeys.TRAIN, self.model)
 
     def on_test_begin(self, logs: dict[str, Any] | None = None) -> None:

@@ -93,8 +93,8 @@ class SessionAdapter(TFAdapter):
         self.hook.plan.forget()
 
     def _find_regex_matches(self, graph: tf.Graph) -> None:
-        """Fetch the graph's tensors that a saved collection's regexes match."""
-        regex_colls = [c for c in self.hook.plan.saved if c.name not in BY_NAME_ONLY]
+        """Fetch the graph's tensors that a saved (or recorded) collection's regexes match."""
+        regex_colls = [c for c in self.hook.plan.watched if c.name not in BY_NAME_ONLY]
         for op in graph.get_operations():
             # Tensors inside tf.compat.v1 while loops and conds cannot be fetched; only the op's
             # private control flow context tells (graph.is_fetchable accepts them).
@@ -115,9 +115,11 @@ class SessionAdapter(TFAdapter):
         self._tensors[tensor.name] = tensor
 
     def _is_due(self, name: str) -> bool:
+        """True if ``name`` is saved this step, watched for NaN or kept by the flight recorder."""
         plan = self.hook.plan
         colls = plan.collections_of(name)
-        return bool(colls) and (bool(plan.nan_watch) or bool(plan.due_for(colls)))
+        return bool(colls) and (bool(plan.nan_watch) or bool(plan.due_for(colls))
+                                or self.recording(colls))
 
     @guarded()
     def before_run(self, run_context: Any) -> Any:

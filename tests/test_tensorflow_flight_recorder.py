@@ -1,0 +1,206 @@
+"""The flight recorder on TensorFlow 2.21 / Keras 3 (mltrace.capture.flight_recorder through
+KerasHook's and SessionHook's own callbacks, no tf.debugging): a NaN made in the middle of a model
+at a seeded batch of a run saving every 500 steps leaves the steps around it in the trial at full
+resolution and names the poisoned layer's output first; gradient tapes, manual dumps through the
+front, a budget too small for the model's weights, and a tf.compat.v1 session."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mltrace.tensorflow as smd
+from mltrace.exceptions import MltraceValueError
+from mltrace.format.flight_record import read_records
+from mltrace.storage import open_storage
+from mltrace.trials import create_trial
+
+N, K = 5, 3
+LAYERS = ["d1/inputs", "d1/outputs", "poison/inputs", "poison/outputs", "d2/inputs", "d2/outputs",
+          "d3/inputs", "d3/outputs"]
+GRADS = [f"gradients/net/{layer}/{p}Grad" for layer in ("d1", "d2", "d3") for p in ("kernel", "bias")]
+
+
+class Poison(tf.keras.layers.Layer):
+    """Multiplies its input by NaN while ``flag`` is set (a callback sets it at one batch)."""
+
+    def __init__(self, flag: tf.Variable, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.flag = flag
+
+    def call(self, x):
+        return x * tf.where(self.flag > 0, float("nan"), 1.0)
+
+
+class PoisonAt(tf.keras.callbacks.Callback):
+    """Sets the flag for batch ``at`` only, and keeps each batch's logged loss."""
+
+    def __init__(self, flag: tf.Variable, at: int | None) -> None:
+        super().__init__()
+        self.flag, self.at, self.losses = flag, at, []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.flag.assign(1.0 if batch == self.at else 0.0)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.losses.append(float(logs["loss"]))
+
+
+def _fit(out_dir: str, batches: int, poison_at: int | None, config=None, extra=lambda hook: [],
+         run_eagerly: bool = False):
+    tf.keras.utils.set_random_seed(0)
+    flag = tf.Variable(0.0, trainable=False)
+    model = tf.keras.Sequential([
+        tf.keras.layers.Input((4,)),
+        tf.keras.layers.Dense(8, activation="tanh", name="d1"),
+        Poison(flag, name="poison"),
+        tf.keras.layers.Dense(8, activation="tanh", name="d2"),
+        tf.keras.layers.Dense(1, name="d3"),
+    ], name="net")
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss="mse", run_eagerly=run_eagerly)
+    config = config or smd.FlightRecorderConfig(steps=N, after_steps=K,
+                                                collections=["layers", "gradients", "losses"])
+    hook = smd.KerasHook(out_dir=out_dir, save_config=smd.SaveConfig(save_interval=500),
+                         flight_recorder=config)
+    x = np.random.default_rng(0).standard_normal((batches * 4, 4)).astype("float32")
+    poison = PoisonAt(flag, poison_at)
+    model.fit(x, x.sum(1, keepdims=True), batch_size=4, epochs=1, shuffle=False, verbose=0,
+              callbacks=[poison, hook, *extra(hook)])
+    hook.close()
+    return hook, poison
+
+
+@pytest.mark.parametrize("run_eagerly", [False, True], ids=["compiled", "eager"])
+def test_a_nan_in_the_middle_of_a_keras_model_dumps_the_steps_around_it(tmp_path, run_eagerly):
+    poison = random.Random(15).randrange(N + 2, 20)
+    out = str(tmp_path / "run")
+    _, logged = _fit(out, poison + K + 4, poison, run_eagerly=run_eagerly)
+    trial = create_trial(out)
+    window = list(range(poison - N, poison + K + 1))
+    assert trial.steps() == [0] + window  # save_interval=500 alone keeps step 0 only
+    for step in window:  # full resolution: every recorded tensor, every step
+        for name in LAYERS + GRADS:
+            for red in ("min", "max", "mean", "std", "l2"):
+                assert np.size(trial.tensor(name).reduction_value(step, red)) == 1
+        assert trial.tensor("loss").value(step).item() == pytest.approx(logged.losses[step], rel=1e-6,
+                                                                          nan_ok=True)
+    before, at = poison - 1, poison
+    assert all(np.isfinite(trial.tensor(n).reduction_value(before, "max")) for n in LAYERS + GRADS)
+    assert np.isfinite(trial.tensor("poison/inputs").reduction_value(at, "max"))
+    assert np.isnan(trial.tensor("poison/outputs").reduction_value(at, "max"))
+    # the recorder keeps reductions only: no raw values of layers outside saved steps
+    assert trial.tensor("d1/outputs").reduction_value(before, "mean") is not None
+    (record,) = read_records(open_storage(out))
+    (dump,) = record.dumps
+    assert (dump.trigger, dump.step, dump.mode, dump.steps_before, dump.steps_after) == (
+        "nonfinite", poison, "TRAIN", window[:N], window[N + 1:])
+    first = trial.first_nonfinite()
+    assert first is not None and first == record.first_nonfinite == dump.first_nonfinite
+    assert (first.tensor, first.step, first.mode, first.mode_step, first.worker) == (
+        "poison/outputs", poison, "TRAIN", poison, "worker_0")
+    assert first.position == 3  # after d1's inputs and outputs and poison's inputs, in call order
+    assert first.nonfinite_tensors[:2] == ["poison/outputs", "d2/inputs"]
+    assert "gradients/net/d1/kernelGrad" in first.nonfinite_tensors
+
+
+def test_dump_flight_recorder_through_the_keras_front(tmp_path):
+    class DumpAt(tf.keras.callbacks.Callback):
+        def __init__(self, hook):
+            super().__init__()
+            self.hook = hook
+
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 9:
+                self.hook.dump_flight_recorder("validation looks odd")
+
+    out = str(tmp_path / "run")
+    config = smd.FlightRecorderConfig(steps=4, after_steps=2, collections=["losses"])
+    _fit(out, 16, None, config=config, extra=lambda hook: [DumpAt(hook)])
+    (dump,) = read_records(open_storage(out))[0].dumps
+    assert (dump.trigger, dump.step, dump.reason) == ("manual", 9, "validation looks odd")
+    assert dump.steps_before == [5, 6, 7, 8] and dump.steps_after == [10, 11]
+    trial = create_trial(out)
+    assert trial.steps() == [0, 5, 6, 7, 8, 9, 10, 11]  # asked for within step 9: written with it
+    assert trial.tensor_names(collection="losses") == ["loss"]  # only what it records
+    assert trial.first_nonfinite() is None
+
+
+def test_a_hook_without_recorder_says_how_to_get_one(tmp_path):
+    hook = smd.KerasHook(out_dir=str(tmp_path / "run"))
+    assert hook.recorder is None
+    with pytest.raises(MltraceValueError, match="flight_recorder=FlightRecorderConfig"):
+        hook.dump_flight_recorder("why")
+    hook.close()
+
+
+def test_a_budget_too_small_for_the_models_weights_fails_fit_at_once(tmp_path):
+    config = smd.FlightRecorderConfig(steps=5, collections=["weights", "gradients"], raw=True,
+                                      memory_budget=1000)
+    with pytest.raises(MltraceValueError, match=r"memory_budget=1000\) cannot hold one step"):
+        _fit(str(tmp_path / "run"), 4, None, config=config)
+    # reductions only: the same budget holds a step of the weights' and gradients' reductions
+    small = smd.FlightRecorderConfig(steps=5, collections=["weights"], memory_budget=1000)
+    hook, _ = _fit(str(tmp_path / "run2"), 4, None, config=small)
+    assert hook.recorder is not None and hook.recorder.enabled
+
+
+def test_a_gradient_tape_loop_in_a_tf_function_records_every_step(tmp_path):
+    tf.keras.utils.set_random_seed(1)
+    model = tf.keras.Sequential([tf.keras.layers.Input((3,)), tf.keras.layers.Dense(2, name="d")],
+                                name="tape")
+    opt = tf.keras.optimizers.SGD(0.1)
+    hook = smd.KerasHook(out_dir=str(tmp_path / "run"), save_config=smd.SaveConfig(save_interval=500),
+                         flight_recorder=smd.FlightRecorderConfig(
+                             steps=3, after_steps=2, collections=["gradients", "losses"]))
+    scale = tf.Variable(1.0)
+
+    @tf.function
+    def step(x):
+        with hook.wrap_tape(tf.GradientTape()) as tape:
+            loss = tf.reduce_mean(tf.square(model(x))) * scale
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply(grads, model.trainable_variables)
+        return loss
+
+    x = tf.constant(np.random.default_rng(1).standard_normal((4, 3)).astype("float32"))
+    for i in range(12):
+        scale.assign(float("inf") if i == 7 else 1.0)
+        step(x)
+    hook.close()
+    trial = create_trial(str(tmp_path / "run"))
+    assert trial.steps() == [0, 4, 5, 6, 7, 8, 9]
+    first = trial.first_nonfinite()
+    assert first is not None and first.step == 7
+    # the tape hands gradients before the loss: the first non-finite is a gradient
+    assert first.tensor.startswith("gradients/tape/d/") and "loss" in first.nonfinite_tensors
+    assert np.isinf(trial.tensor("loss").value(7)).all()
+    assert np.isfinite(trial.tensor("gradients/tape/d/kernelGrad").reduction_value(6, "l2"))
+
+
+def test_a_session_hook_records_the_tensors_it_fetches(tmp_path):
+    out = str(tmp_path / "run")
+    with tf.Graph().as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 2], name="x")
+        w = tf.compat.v1.get_variable("w", initializer=tf.ones([2, 1]))
+        loss = tf.compat.v1.losses.mean_squared_error(tf.zeros([4, 1]), tf.matmul(x, w))
+        hook = smd.SessionHook(out_dir=out, save_config=smd.SaveConfig(save_interval=500),
+                               flight_recorder=smd.FlightRecorderConfig(
+                                   steps=3, after_steps=1, collections=["losses", "weights",
+                                                                        "gradients"]))
+        opt = hook.wrap_optimizer(tf.compat.v1.train.GradientDescentOptimizer(0.01))
+        train = opt.minimize(loss)
+        batch = np.ones((4, 2), np.float32)
+        with tf.compat.v1.train.MonitoredTrainingSession(hooks=[hook]) as sess:
+            for i in range(10):
+                sess.run(train, feed_dict={x: batch * (np.nan if i == 6 else 1.0)})
+    hook.close()
+    trial = create_trial(out)
+    assert trial.steps() == [0, 3, 4, 5, 6, 7]
+    first = trial.first_nonfinite()
+    assert first is not None and first.step == 6
+    loss_name = trial.tensor_names(collection="losses")[0]
+    assert np.isnan(trial.tensor(loss_name).value(6)).all()
+    assert np.isfinite(trial.tensor("w:0").reduction_value(5, "mean"))
