@@ -255,3 +255,29 @@ def test_watch_rules_json_actions(tmp_path):
     request = read_request(open_storage(trial))
     # it fired at steps 0, 1 and 2: one request, at the first
     assert request is not None and request.rule == "VanishingGradient" and request.step == 0
+
+
+def test_mltrace_dump_and_a_rule_action_reach_a_running_hook(tmp_path):
+    """End to end with the hook's own recorder: ``mltrace dump`` during training dumps once
+    (trigger manual, the person's reason); the rule action's request dumps with trigger rule."""
+    from tests.flight_training import train
+
+    out = str(tmp_path / "run")
+
+    def on_step(hook, step):
+        if step == 12:
+            assert cli.main(["dump", out, "--reason", "loss looks odd"]) == 0
+        if step == 30:
+            trial = create_trial(out)
+            from mltrace.rules.builtin import rule_class
+
+            rule = rule_class("AllZero")(trial, tensor_regex="nothing", threshold=1)
+            rule.last_message = "flat loss"
+            DumpFlightRecorder().invoke(rule, 29)
+
+    train(out, steps=45, poison_step=None, on_step=on_step, stop_check_interval=0)
+    [record] = create_trial(out).flight_records()
+    assert [(d.trigger, d.step) for d in record.dumps] == [("manual", 13), ("rule", 31)]
+    assert "loss looks odd" in record.dumps[0].reason
+    assert "AllZero" in record.dumps[1].reason and "flat loss" in record.dumps[1].reason
+    assert record.first_nonfinite is None

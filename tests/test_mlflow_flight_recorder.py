@@ -101,6 +101,21 @@ def test_dump_tags_the_training_run_and_the_summary_shows_it(tracking, tmp_path)
     assert create_trial(str(tmp_path / "trial")).first_nonfinite() == _first()
 
 
+def test_a_real_nan_tags_the_run_with_the_poisoned_tensor(tracking, tmp_path):
+    """End to end: the hook's own recorder sees fc2's NaN output and tells its MLflow sink."""
+    from tests.flight_training import POISONED as FC2
+    from tests.flight_training import train as train_nan
+
+    out = str(tmp_path / "nan")
+    train_nan(out, steps=40, poison_step=25, mlflow={"experiment": "nan", "flush_interval": 0.2})
+    run = mlflow.search_runs(experiment_names=["nan"], output_format="list")[0]
+    tags = run.data.tags
+    assert (tags[_keys.TAG_FIRST_NONFINITE_TENSOR], tags[_keys.TAG_FIRST_NONFINITE_STEP]) == (FC2, "25")
+    assert tags[_keys.TAG_FLIGHT_RECORDER_DUMPS] == "1"
+    assert tags[_keys.TAG_FLIGHT_RECORDER_LAST_TRIGGER] == "nonfinite"
+    assert create_trial(out).first_nonfinite().tensor == FC2
+
+
 def test_a_run_without_dumps_has_no_flight_recorder_tags_or_section(tracking, tmp_path):
     hook, _ = train(tmp_path / "trial", steps=2)
     run_id = hook.sinks[0].run_id
