@@ -203,7 +203,8 @@ class TFAdapter(Adapter):
             dtype = tf.as_dtype(value.dtype)
             return tuple(int(d) for d in value.shape), (
                 np.float32 if dtype == tf.bfloat16 else dtype.as_numpy_dtype)
-        return super().shape_and_dtype(value)
+        array = self.to_numpy(value)  # as it is saved: a Python number (``batch``) as shape [1]
+        return tuple(array.shape), array.dtype
 
     def snapshot(self, value: Any) -> Any:
         """A copy where the value lives (a variable's value as it is now); no host transfer

@@ -52,7 +52,8 @@ class XGBoostAdapter(Adapter):
         self.validation_data = validation_data
         self._hp_config: SaveConfig | None = None  # our default for hyperparameters, if used
         self._model_info: tuple[Any, _model.ModelInfo] | None = None  # (model, its facts)
-        self._due: list[Collection] = []  # the collections due this round
+        #: the collections due this round and those the flight recorder was told to keep
+        self._active: list[Collection] = []
         self._wanted_cache: dict[tuple[str, frozenset[str]], bool] = {}
 
     def attach(self, hook: Hook) -> None:
@@ -119,8 +120,20 @@ class XGBoostAdapter(Adapter):
             return [None] * len(items)
         return super().reduce(array, items)
 
+    def recordable(self, value: Any) -> bool:
+        """The flight recorder keeps numbers only (metrics, predictions, importance, SHAP), not
+        strings (an ``all`` collection's string hyperparameters)."""
+        return np.asarray(value).dtype.kind in "biuf" if not isinstance(value, str) else False
+
+    def shape_and_dtype(self, value: Any) -> tuple[tuple[int, ...], Any]:
+        """As the value is saved (a Python number as shape [1]): a dumped step's metric reads
+        back like a saved step's."""
+        array = self.to_numpy(value)
+        return tuple(array.shape), array.dtype
+
     def on_prepared(self) -> None:
-        """Hyperparameters and trees are always saved whole: drop reductions asked of them."""
+        """Hyperparameters and trees are always saved whole: drop reductions asked of them; the
+        flight recorder keeps neither."""
         assert self.hook is not None
         for name in RAW_ONLY_COLLECTIONS:
             coll = self.hook.collection_manager.collections.get(name)
@@ -129,6 +142,14 @@ class XGBoostAdapter(Adapter):
                     logger.warning("collection %s is always saved whole: its reductions are "
                                    "ignored", name)
                 coll.reduction_config = ReductionConfig(save_raw_tensor=True)
+        recorder = self.hook.recorder
+        if recorder is not None:  # saved whole at their own rounds: a ring of them tells nothing
+            whole = sorted(c.name for c in recorder.collections if c.name in RAW_ONLY_COLLECTIONS)
+            if whole and recorder.config.collections is not None:
+                logger.warning("the flight recorder does not keep %s (always saved whole, at the "
+                               "rounds their save config names)", ", ".join(whole))
+            recorder.collections = frozenset(
+                c for c in recorder.collections if c.name not in RAW_ONLY_COLLECTIONS)
 
     # -- the TrainingCallback events --------------------------------------------------------------
     def before_training(self) -> None:
@@ -148,7 +169,8 @@ class XGBoostAdapter(Adapter):
                 self._hp_config.save_steps = [rnd]  # the first round, also when training resumed
         hook.begin_step(rnd)
         if hook.step_active and hook.writer is not None:  # no work for a worker that does not write
-            self._due = hook.plan.due_for(hook.plan.saved)
+            due = hook.plan.due_for(hook.plan.saved)
+            self._active = due + [c for c in self._named_for_recorder() if c not in due]
             self._save_round(model, evals_log)
         hook.end_step()
         return hook.stop_requested is not None
@@ -177,6 +199,16 @@ class XGBoostAdapter(Adapter):
                             "step = boosting round)", step, step + 1)
             rnd = step + 1
         return rnd
+
+    def _named_for_recorder(self) -> list[Collection]:
+        """The collections named in ``FlightRecorderConfig(collections=...)``: computed every
+        round (predictions, importance, SHAP cost a pass over the model). A recorder that records
+        the saved collections (collections=None) keeps every round's metrics, which XGBoost
+        computed anyway, and the rest on the rounds that save them."""
+        recorder = self.hook.recorder if self.hook is not None else None
+        if recorder is None or recorder.current is None or recorder.config.collections is None:
+            return []
+        return list(recorder.collections)
 
     # -- what a round saves -----------------------------------------------------------------------
     def _save(self, name: str, value: Any) -> None:
@@ -256,18 +288,19 @@ class XGBoostAdapter(Adapter):
 
     # -- helpers ----------------------------------------------------------------------------------
     def _wanted(self, group: str, names: Callable[[], Iterable[str]]) -> bool:
-        """True if a collection due this round holds tensors of ``group``: the group's own
-        collection, or another due collection (``all``, ``default``, a user's) matching one of
-        the group's possible ``names`` (cached per training: names only change with the model),
-        so nothing is computed from the model for a collection that is not saved."""
-        others = frozenset(c.name for c in self._due if c.name != group)
-        if len(others) != len(self._due):
+        """True if a collection due this round (or named for the flight recorder) holds tensors
+        of ``group``: the group's own collection, or another such collection (``all``,
+        ``default``, a user's) matching one of the group's possible ``names`` (cached per
+        training: names only change with the model), so nothing is computed from the model for
+        a collection that is not saved."""
+        others = frozenset(c.name for c in self._active if c.name != group)
+        if len(others) != len(self._active):
             return True
         if not others:
             return False
         key = (group, others)
         if key not in self._wanted_cache:
-            colls = [c for c in self._due if c.name in others]
+            colls = [c for c in self._active if c.name in others]
             self._wanted_cache[key] = any(c.matches(n) for n in names() for c in colls)
         return self._wanted_cache[key]
 
