@@ -86,10 +86,15 @@ def _cell(text: Any) -> str:
 
 def training_description(trial: Trial | None, location: str,
                          findings: dict[str, dict[str, str]], experiment_id: str | None = None,
-                         ) -> str:
-    """mltrace's part of the description (Markdown between the markers): the findings first (the
-    UI folds long descriptions after a few lines), then the trial, its steps and collections."""
+                         first_nonfinite: tuple[str, str] | None = None) -> str:
+    """mltrace's part of the description (Markdown between the markers): the first non-finite
+    tensor (tensor, step) when the flight recorder saw one and the findings first (the UI folds
+    long descriptions after a few lines), then the trial, its steps and collections."""
     out = [START]
+    if first_nonfinite is not None:
+        tensor, step = first_nonfinite
+        out += [f"**First non-finite tensor: `{_cell(tensor).replace('`', '')}` at "
+                f"{_cell(step_text(trial, step))}** (flight recorder)", ""]
     if not findings:
         out += ["#### mltrace: no rule has run on this trial yet", ""]
     else:
@@ -148,8 +153,10 @@ def update_training_description(client: Any, run_id: str, trial: Trial | None = 
             trial = create_trial(location, timeout=0)
         except Exception as exc:  # the trial elsewhere or gone: the findings still show
             logger.debug("description of run %s without its trial: %s", run_id, exc)
+    first = (tags.get(_keys.TAG_FIRST_NONFINITE_TENSOR), tags.get(_keys.TAG_FIRST_NONFINITE_STEP))
     ours = training_description(trial, location, findings_from_tags(tags),
-                                run.info.experiment_id)
+                                run.info.experiment_id,
+                                (first[0], first[1] or "?") if first[0] else None)
     text = _keys.tag_value(merged(tags.get(NOTE_TAG), ours))
     if text != tags.get(NOTE_TAG):
         client.set_tag(run_id, NOTE_TAG, text)

@@ -114,6 +114,8 @@ def test_a_real_nan_tags_the_run_with_the_poisoned_tensor(tracking, tmp_path):
     assert tags[_keys.TAG_FLIGHT_RECORDER_DUMPS] == "1"
     assert tags[_keys.TAG_FLIGHT_RECORDER_LAST_TRIGGER] == "nonfinite"
     assert create_trial(out).first_nonfinite().tensor == FC2
+    note = tags["mlflow.note.content"]  # the run's description leads with it
+    assert f"**First non-finite tensor: `{FC2}` at global step 25** (flight recorder)" in note
 
 
 def test_a_run_without_dumps_has_no_flight_recorder_tags_or_section(tracking, tmp_path):
