@@ -181,6 +181,12 @@ def test_mltrace_dump_on_s3(s3_server, tmp_path, monkeypatch, capsys):  # noqa: 
     assert cli.main(["dump", location, "--reason", "from my laptop"]) == 0
     request = read_request(open_storage(location))
     assert request is not None and request.reason == "from my laptop" and request.rule is None
+    # the reader finds the records on S3 as on disk
+    first = _poisoned("worker_0", 1, "Net_fc2_output_0")
+    open_storage(location).write(record_key("worker_0"),
+                                 FlightRecord("worker_0", [], first).to_json())
+    trial = create_trial(location)
+    assert trial.first_nonfinite() == first and [r.worker for r in trial.flight_records()] == ["worker_0"]
 
 
 def _poisoned(worker: str, step: int, tensor: str) -> FirstNonFinite:
