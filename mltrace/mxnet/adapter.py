@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon
 from mxnet.ndarray import NDArray
@@ -22,7 +23,7 @@ from mltrace.capture.adapter import Adapter, ReductionItems, as_numpy
 from mltrace.capture.errors import guarded
 from mltrace.collections import GRADIENT_PREFIX, TORNASOLE_INCLUDE_COLLECTIONS, CollectionKeys
 from mltrace.exceptions import MltraceTypeError
-from mltrace.mxnet._reductions import reduce_on_device
+from mltrace.mxnet._reductions import host_results, reduce_on_device, start_reductions
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,73 @@ class GluonAdapter(Adapter):
             return [None] * len(items)
         return list(reduce_on_device(value, items))
 
+    # -- the flight recorder (mltrace.capture.flight_recorder) ------------------------------------
+    def reduce_on_device(self, value: Any, items: ReductionItems) -> Any:
+        """The reductions as one float64 vector left on the array's context (a _Started), or the
+        results at once where numpy computes them (sparse, non-numeric, host values)."""
+        if (not isinstance(value, NDArray) or value.stype != "default"
+                or np.dtype(value.dtype).kind not in "biuf" or value.size == 0):
+            return self.reduce(value, items)
+        return _Started(items, start_reductions(value, items))
+
+    def reductions_to_host(self, started: list[Any]) -> list[list[np.ndarray | None]]:
+        """A step's reductions left on contexts, concatenated and copied to the host together:
+        one copy per context (MXNet's engine orders the copy after the reductions, and the
+        reductions before any later in-place update of the arrays they read)."""
+        pending = [s for s in started if isinstance(s, _Started)]
+        host: dict[int, np.ndarray] = {}
+        with autograd.pause():
+            for ctx in {s.values.context for s in pending}:
+                here = [s for s in pending if s.values.context == ctx]
+                values = mx.nd.concat(*[s.values for s in here], dim=0).asnumpy()
+                offsets = np.cumsum([0] + [s.values.size for s in here])
+                host.update({id(s): values[a:b] for s, a, b in zip(here, offsets, offsets[1:])})
+        return [list(host_results(s.items, host[id(s)])) if isinstance(s, _Started) else s
+                for s in started]
+
+    def snapshot(self, value: Any) -> Any:
+        """A copy on the array's context (no host transfer until a dump)."""
+        if isinstance(value, NDArray):
+            with autograd.pause():
+                return value.copy()
+        return super().snapshot(value)
+
+    def nbytes(self, snapshot: Any) -> int:
+        """An array's bytes."""
+        if isinstance(snapshot, NDArray):
+            return int(snapshot.size) * np.dtype(snapshot.dtype).itemsize
+        return super().nbytes(snapshot)
+
+    def shape_and_dtype(self, value: Any) -> tuple[tuple[int, ...], Any]:
+        """An array's shape and numpy dtype, read without copying it."""
+        if isinstance(value, NDArray):
+            return tuple(value.shape), np.dtype(value.dtype)
+        array = self.to_numpy(value)
+        return tuple(array.shape), array.dtype
+
+    def _recording(self) -> bool:
+        """True while the flight recorder keeps the current step."""
+        recorder = self.hook.recorder if self.hook is not None else None
+        return recorder is not None and recorder.current is not None
+
+    def check_recorder_budget(self, block: gluon.Block) -> None:
+        """Raise if the flight recorder's budget cannot hold one step of what it keeps of
+        ``block``'s parameters and gradients (those whose shapes are known yet).
+
+        Raises:
+            mltrace.exceptions.MltraceValueError: the budget is too small (mltrace.hook.Hook).
+        """
+        assert self.hook is not None
+        sizes = []
+        for param in block.collect_params().values():
+            shape = param.shape or ()
+            if shape and all(d > 0 for d in shape):  # deferred initialization: not known yet
+                nbytes = int(np.prod(shape)) * np.dtype(param.dtype).itemsize
+                sizes.append((param.name, nbytes))
+                if param.grad_req != "null":
+                    sizes.append((GRADIENT_PREFIX + param.name, nbytes))
+        self.hook.check_recorder_budget(sizes)
+
     def on_prepared(self) -> None:
         """Hook the models' child blocks if a saved collection may hold their tensors (decided
         here, at the first step, so collections added after register_block count and MXNet's
@@ -93,7 +161,7 @@ class GluonAdapter(Adapter):
         if hook.disabled or hook.step_written:
             return
         # The core clears step_active before closing: ask the plan whether the last step was.
-        if hook.plan.due_for(hook.plan.saved) or hook.plan.nan_watch:
+        if hook.plan.due_for(hook.plan.saved) or hook.plan.nan_watch or self._recording():
             self._save_params()
 
     # -- attaching to Gluon -----------------------------------------------------------------------
@@ -111,6 +179,7 @@ class GluonAdapter(Adapter):
             logger.warning("block %s is already registered with the hook; ignoring", block.name)
             return
         if not isinstance(block, gluon.loss.Loss):
+            self.check_recorder_budget(block)
             self.models.append(block)
             if len(self.models) == 1:
                 block.register_forward_pre_hook(self._forward_pre_hook)
@@ -124,10 +193,11 @@ class GluonAdapter(Adapter):
             self._hooked[id(block)] = block
 
     def _needs_children(self) -> bool:
-        """Whether a saved collection may hold tensors of child blocks (smdebug's rule)."""
+        """Whether a saved (or flight-recorded) collection may hold tensors of child blocks
+        (smdebug's rule)."""
         assert self.hook is not None
         return any(c.name not in _PARAM_COLLECTIONS and (c.include_regex or c.tensor_names)
-                   for c in self.hook.plan.saved)
+                   for c in self.hook.plan.watched)
 
     # -- callbacks from Gluon ---------------------------------------------------------------------
     @guarded()
@@ -203,6 +273,16 @@ class GluonAdapter(Adapter):
         except RuntimeError as exc:  # not initialized yet, or no gradient buffer
             self.warn_once(param.name, "cannot save parameter %s: %s", param.name, exc)
 
+
+
+class _Started:
+    """Reductions started on a context: ``values`` (float64, the items then the NaN count)."""
+
+    __slots__ = ("items", "values")
+
+    def __init__(self, items: ReductionItems, values: NDArray) -> None:
+        self.items = items
+        self.values = values
 
 
 def _hybridized_parents(block: gluon.Block) -> list[gluon.Block]:
