@@ -98,6 +98,12 @@ class Adapter:
         """
         return self.reduce(value, items)
 
+    def reducer(self, items: ReductionItems) -> Callable[[Any], Any]:
+        """``lambda value: reduce_on_device(value, items)``, or a faster equivalent decided
+        once for ``items`` (the flight recorder calls it for every recorded tensor of every
+        step)."""
+        return lambda value: self.reduce_on_device(value, items)
+
     def bins_on_device(self, value: Any) -> bool:
         """True if :meth:`device_histogram` bins ``value`` where it lives (an accelerator's
         tensor); otherwise its TensorBoard histogram is binned from a host copy."""
@@ -132,6 +138,20 @@ class Adapter:
     def nbytes(self, snapshot: Any) -> int:
         """The memory a :meth:`snapshot` takes."""
         return int(snapshot.nbytes)
+
+    def reductions_to_flat(self, started: list[Any]) -> np.ndarray:
+        """The results of :meth:`reduce_on_device` handles ``started``, concatenated into one
+        float64 array in their order (the flight recorder keeps a step's reductions this way;
+        every handle's reductions have values: it records no empty tensor)."""
+        return np.array([float(np.real(v)) if v is not None else np.nan
+                         for result in self.reductions_to_host(started) for v in result],
+                        dtype=np.float64)
+
+    def pack_reductions(self, started: list[Any]) -> list[Any]:
+        """:meth:`reduce_on_device` handles kept a while (the flight recorder's ring) in as few
+        objects as the adapter can (one tensor per device); :meth:`reductions_to_flat` reads
+        them. Default: as they are."""
+        return started
 
     def is_member(self, collection: Collection, name: str) -> bool:
         """True if the tensor ``name`` belongs to ``collection`` (default: its names and regexes)."""

@@ -32,7 +32,7 @@ import numpy as np
 from mltrace.capture.adapter import Adapter, ReductionItems
 from mltrace.collections import GRADIENT_PREFIX, SCALAR_COLLECTIONS, Collection, CollectionKeys
 from mltrace.config import ReductionConfig, parse_flag
-from mltrace.exceptions import MltraceValueError
+from mltrace.exceptions import MltraceTypeError, MltraceValueError
 from mltrace.format.flight_record import Dump, FirstNonFinite, FlightRecord, record_key
 from mltrace.modes import ModeKeys
 from mltrace.reductions import reduction_tensor_name
@@ -49,6 +49,8 @@ TENSOR_OVERHEAD_BYTES = 64
 #: a non-finite value of any of these reductions means the tensor held a NaN or an infinity
 #: (min and max propagate NaN; the max of the absolute values is the infinity norm)
 _CHECK_ITEMS = (("min", False), ("max", False), ("max", True))
+_SCALAR_ITEMS: ReductionItems = [("mean", False)]
+_COUNTS = ("nan_count", "inf_count")
 
 
 @dataclass
@@ -184,19 +186,18 @@ def _coerce(key: str, value: Any, where: str) -> Any:
     return value
 
 
-@dataclass
+@dataclass(slots=True)
 class _Tensor:
     """One recorded tensor of one step."""
 
     name: str
     items: ReductionItems
-    started: Any  # the adapter's handle of the reductions (on the device until needed)
     scalar: bool  # a scalar collection's one-element tensor: its value is written raw
     loss: bool  # in the losses collection (watched for spikes)
-    shape: tuple[int, ...]
-    dtype: Any
+    offset: int  # where its reductions start in the step's flat array
+    shape: tuple[int, ...] = ()
+    dtype: Any = None
     raw: Any = None  # the adapter's snapshot, when raw copies are kept
-    results: list[np.ndarray | None] | None = None  # on the host, once moved
 
 
 @dataclass
@@ -206,8 +207,11 @@ class _Step:
     mode_step: int
     wall_time: float
     tensors: list[_Tensor] = field(default_factory=list)
+    #: the adapter's handles of the tensors' reductions (on their device until moved)
+    started: list[Any] = field(default_factory=list)
+    size: int = 0  # reductions so far
     nbytes: int = 0
-    on_host: bool = False
+    flat: np.ndarray | None = None  # every reduction of the step, on the host, once moved
 
 
 class FlightRecorder:
@@ -229,10 +233,14 @@ class FlightRecorder:
         self.worker = worker
         self.items = config.items
         self._check_positions = [i for i, item in enumerate(self.items) if item in _CHECK_ITEMS]
+        self._reduce = adapter.reducer(self.items)
+        self._reduce_scalar = adapter.reducer(_SCALAR_ITEMS)
+        self._tensor_bytes = len(self.items) * REDUCTION_BYTES + TENSOR_OVERHEAD_BYTES
         #: the recorded collections, resolved by :meth:`resolve` when the hook prepares
         self.collections: frozenset[Collection] = frozenset()
         self.enabled = True
         self.ring: deque[_Step] = deque()
+        self._kinds: dict[str, tuple[Any, bool, bool, bool]] = {}  # name -> _kind(its colls)
         self.ring_bytes = 0
         self.current: _Step | None = None
         self.record = FlightRecord(worker)
@@ -296,23 +304,50 @@ class FlightRecorder:
 
     def observe(self, name: str, value: Any, colls: Iterable[Collection]) -> None:
         """Keep ``value``'s reductions (and a copy, if raw) for the current step, if one of
-        ``colls`` is recorded. Whatever reads ``value`` happens now (it may change later)."""
+        ``colls`` is recorded. Whatever reads ``value`` happens now (it may change later).
+        Called for every recorded tensor of every step: kept to a few lines."""
         step = self.current
         if step is None:
             return
-        colls = [c for c in colls if c in self.collections]
-        if not colls or not self.adapter.recordable(value):
+        kind = self._kinds.get(name)
+        if kind is None or kind[0] is not colls:  # the plan memoizes colls per name
+            kind = self._kinds[name] = self._kind(colls)
+        if not kind[1] or not self.adapter.recordable(value):
             return
+        if kind[2]:
+            self._observe_scalar(step, name, value, kind[3])
+            return
+        try:
+            started = self._reduce(value)
+        except MltraceTypeError as exc:  # e.g. a quantized tensor: not recorded, said once
+            self.adapter.warn_once(f"recorder:{name}", "flight recorder: not recording %s: %s", name, exc)
+            return
+        raw = self.adapter.snapshot(value) if self.config.raw else None
+        step.tensors.append(_Tensor(name, self.items, False, False, step.size, raw=raw))
+        step.started.append(started)
+        step.size += len(self.items)
+        step.nbytes += self._tensor_bytes + (self.adapter.nbytes(raw) if raw is not None else 0)
+
+    def _observe_scalar(self, step: _Step, name: str, value: Any, loss: bool) -> None:
+        """A scalar collection's tensor: one element is kept as its value (written raw, with its
+        shape and dtype); more are reduced like any tensor."""
         shape, dtype = self.adapter.shape_and_dtype(value)
-        size = int(np.prod(shape)) if shape else 1
-        scalar = size == 1 and any(c.name in SCALAR_COLLECTIONS for c in colls)
-        items = [("mean", False)] if scalar else self.items
-        raw = self.adapter.snapshot(value) if self.config.raw and not scalar else None
-        started = self.adapter.reduce_on_device(value, items)
-        loss = scalar and any(c.name == CollectionKeys.LOSSES for c in colls)
-        step.tensors.append(_Tensor(name, items, started, scalar, loss, shape, dtype, raw))
-        step.nbytes += (len(items) * REDUCTION_BYTES + TENSOR_OVERHEAD_BYTES
-                        + (self.adapter.nbytes(raw) if raw is not None else 0))
+        if not all(d == 1 for d in shape):
+            step.tensors.append(_Tensor(name, self.items, False, False, step.size))
+            step.started.append(self._reduce(value))
+            step.size += len(self.items)
+            step.nbytes += self._tensor_bytes
+            return
+        step.tensors.append(_Tensor(name, _SCALAR_ITEMS, True, loss, step.size, shape, dtype))
+        step.started.append(self._reduce_scalar(value))
+        step.size += 1
+        step.nbytes += REDUCTION_BYTES + TENSOR_OVERHEAD_BYTES
+
+    def _kind(self, colls: Any) -> tuple[Any, bool, bool, bool]:
+        """(colls, recorded, of a scalar collection, of the losses collection)."""
+        recorded = [c for c in colls if c in self.collections]
+        return (colls, bool(recorded), any(c.name in SCALAR_COLLECTIONS for c in recorded),
+                any(c.name == CollectionKeys.LOSSES for c in recorded))
 
     def end_step(self, write_current: Callable[[list[tuple[str, np.ndarray]]], None]) -> None:
         """Close the current step: check it (non-finite values, a loss spike), then either write
@@ -344,6 +379,7 @@ class FlightRecorder:
                     self._after_left -= 1
                     self._record_changed = True
             else:
+                step.started = self.adapter.pack_reductions(step.started)
                 self._push(step)
 
     def dump_pending(self, writer: TrialWriter | None) -> bool:
@@ -419,23 +455,24 @@ class FlightRecorder:
             self._first = first
         return True
 
-    def _to_host(self, step: _Step) -> None:
-        """Move the step's reductions to the host, all in one copy per device."""
-        if step.on_host:
-            return
-        results = self.adapter.reductions_to_host([t.started for t in step.tensors])
-        for tensor, values in zip(step.tensors, results):
-            tensor.results, tensor.started = values, None
-        step.on_host = True
+    def _to_host(self, step: _Step) -> np.ndarray:
+        """The step's reductions on the host, moved in one copy (per device) the first time."""
+        if step.flat is None:
+            step.flat = self.adapter.reductions_to_flat(step.started) if step.started else np.zeros(0)
+            step.started = []
+        return step.flat
 
     def _check_nonfinite(self, step: _Step) -> FirstNonFinite | None:
+        flat = self._to_host(step)
+        if np.isfinite(flat).all():  # every reduction finite: so is every tensor
+            self._armed = True
+            return None
         bad = []
         for position, tensor in enumerate(step.tensors):
-            values = tensor.results or []
-            checked = [values[0]] if tensor.scalar else [values[i] for i in self._check_positions]
-            if any(v is not None and not np.all(np.isfinite(v)) for v in checked):
+            checked = [tensor.offset] if tensor.scalar else [tensor.offset + i for i in self._check_positions]
+            if not np.isfinite(flat[checked]).all():
                 bad.append((position, tensor.name))
-        if not bad:
+        if not bad:  # only a std or a norm overflowed: the tensors themselves are finite
             self._armed = True
             return None
         position, name = bad[0]
@@ -448,9 +485,9 @@ class FlightRecorder:
             return None
         found = None
         for tensor in step.tensors:
-            if not tensor.loss or tensor.results is None:
+            if not tensor.loss or step.flat is None:
                 continue
-            value = float(np.asarray(tensor.results[0]).reshape(-1)[0])
+            value = float(step.flat[tensor.offset])
             history = self._losses.setdefault(tensor.name, deque(maxlen=self.config.loss_window))
             if len(history) == history.maxlen and np.isfinite(value):
                 median = statistics.median(history)
@@ -495,19 +532,19 @@ class FlightRecorder:
 
     def _records(self, step: _Step) -> list[tuple[str, np.ndarray]]:
         """The (record name, value) pairs of a step, as the hook writes reductions and raw values."""
+        flat = self._to_host(step)
         out: list[tuple[str, np.ndarray]] = []
         for tensor in step.tensors:
-            results = tensor.results or []
             if tensor.scalar:
-                if results and results[0] is not None:
-                    out.append((tensor.name, np.asarray(results[0]).astype(
-                        _numpy_dtype(tensor.dtype), copy=False).reshape(tensor.shape)))
+                out.append((tensor.name, np.asarray(flat[tensor.offset]).astype(
+                    _numpy_dtype(tensor.dtype)).reshape(tensor.shape)))
                 continue
             if tensor.raw is not None:
                 out.append((tensor.name, self.adapter.to_numpy(tensor.raw)))
-            for (red, abs_), value in zip(tensor.items, results):
-                if value is not None:
-                    out.append((reduction_tensor_name(tensor.name, red, abs_), value))
+            for i, (red, abs_) in enumerate(tensor.items):
+                value = flat[tensor.offset + i]
+                out.append((reduction_tensor_name(tensor.name, red, abs_),
+                            np.asarray(np.int64(value) if red in _COUNTS else value)))
         return out
 
 

@@ -34,8 +34,15 @@ from mltrace.pytorch.compiled import (
 )
 from mltrace.pytorch.histograms import bins_on_device, device_histogram
 from mltrace.pytorch.optim import OptimizerSteps, ScalerWatch
-from mltrace.pytorch.reductions import QUANTILE_LIMIT, DeviceReductions, start_reductions
+from mltrace.pytorch.reductions import (
+    QUANTILE_LIMIT,
+    DeviceReductions,
+    fused_reductions,
+    stack_parts,
+    start_reductions,
+)
 from mltrace.pytorch.sharded import ReductionBatch, gather_full, is_sharded
+from mltrace.reductions import canonical_name
 
 if TYPE_CHECKING:
     from mltrace.hook import Hook
@@ -157,6 +164,31 @@ class TorchAdapter(Adapter):
                 f"cannot reduce a {type(value).__name__} (a torch.Tensor subclass): {exc}; save a "
                 "plain copy with hook.save_tensor(name, t.as_subclass(torch.Tensor))") from exc
 
+    def reducer(self, items: ReductionItems) -> Callable[[Any], Any]:
+        """The flight recorder's per-tensor call, decided once: float tensors of the usual
+        dtypes go straight to the fused kernels (a few microseconds of Python less per tensor
+        than :meth:`reduce_on_device`, which handles everything else)."""
+        canonical = [(canonical_name(n), a) for n, a in items]
+        names = [n for n, _ in canonical]
+        fused = fused_reductions(canonical)
+        general = super().reducer(items)
+        plain = (torch.Tensor, torch.nn.Parameter)
+        direct = (torch.float32, torch.float64)
+        upcast = (torch.float16, torch.bfloat16)
+        median = "median" in names
+
+        def reduce(value: Any) -> Any:
+            if type(value) not in plain or median:
+                return general(value)
+            dtype = value.dtype
+            if dtype in direct:
+                return DeviceReductions(names, fused(value.detach()))
+            if dtype in upcast:
+                return DeviceReductions(names, fused(value.detach().float()))
+            return general(value)
+
+        return reduce
+
     def bins_on_device(self, value: Any) -> bool:
         """Tensors on an accelerator are binned there (see mltrace.pytorch.histograms)."""
         return bins_on_device(value)
@@ -166,8 +198,11 @@ class TorchAdapter(Adapter):
         return device_histogram(value)
 
     def recordable(self, value: Any) -> bool:
-        """Sharded tensors (DTensors) are not recorded: their reductions would need collectives."""
-        return not is_sharded(value) and not isinstance(value, Reduced)
+        """Sharded tensors (DTensors) are not recorded (their reductions would need collectives),
+        nor complex or empty ones (no plain reductions)."""
+        if isinstance(value, torch.Tensor):
+            return not is_sharded(value) and not value.is_complex() and value.numel() > 0
+        return not isinstance(value, Reduced)
 
     def shape_and_dtype(self, value: Any) -> tuple[tuple[int, ...], Any]:
         """A torch tensor's shape and dtype (the recorder casts a loss back to it)."""
@@ -192,12 +227,30 @@ class TorchAdapter(Adapter):
         copied to the host together, one copy per device (one per step on a one-GPU job)."""
         pending = [s for s in started if isinstance(s, DeviceReductions)]
         host: dict[int, np.ndarray] = {}
-        for device in {s.values.device for s in pending}:
-            here = [s for s in pending if s.values.device == device]
-            values = self._to_host(torch.cat([s.values for s in here]))
+        for device in {s.device for s in pending}:
+            here = [s for s in pending if s.device == device]
+            values = self._to_host(stack_parts(here))
             offsets = np.cumsum([0] + [len(s.names) for s in here])
             host.update({id(s): values[a:b] for s, a, b in zip(here, offsets, offsets[1:])})
         return [s.results(host[id(s)]) if isinstance(s, DeviceReductions) else s for s in started]
+
+    def reductions_to_flat(self, started: list[Any]) -> np.ndarray:
+        """A step's reductions in one device-to-host copy, when all of them wait on one device."""
+        if started and all(isinstance(s, DeviceReductions) for s in started):
+            device = started[0].device
+            if all(s.device == device for s in started):
+                return self._to_host(stack_parts(started))
+        return super().reductions_to_flat(started)
+
+    def pack_reductions(self, started: list[Any]) -> list[Any]:
+        """A step's reductions as one tensor on their device (one object to keep, not one per
+        reduction), when all wait on one device."""
+        if len(started) > 1 and all(isinstance(s, DeviceReductions) for s in started):
+            device = started[0].device
+            if all(s.device == device for s in started):
+                names = [n for s in started for n in s.names]
+                return [DeviceReductions(names, [], stack_parts(started))]
+        return started
 
     def _to_host(self, values: torch.Tensor) -> np.ndarray:
         """Copy reductions to the host (counted in ``host_transfers``)."""

@@ -7,7 +7,9 @@ is the same for one tensor, moved at once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,10 +21,23 @@ from mltrace.reductions import canonical_name
 
 @dataclass(frozen=True)
 class DeviceReductions:
-    """The reductions of one tensor, computed on its device and not yet on the host."""
+    """The reductions of one tensor, computed on its device and not yet on the host: one 0-d
+    tensor per item, stacked together with the step's others when they are moved (one stack
+    per step instead of one per tensor: each op costs microseconds of CPU)."""
 
     names: list[str]  # canonical reduction names, one per item
-    values: torch.Tensor  # float64, one value per item, on the tensor's device
+    parts: list[torch.Tensor]  # 0-d tensors on the tensor's device, one per item
+    stacked: torch.Tensor | None = None  # or all of them in one 1-d tensor (packed)
+
+    @property
+    def device(self) -> torch.device:
+        """Where the results are."""
+        return self.stacked.device if self.stacked is not None else self.parts[0].device
+
+    @property
+    def values(self) -> torch.Tensor:
+        """The results as one float64 tensor on the device."""
+        return stack_parts([self])
 
     def results(self, host: np.ndarray) -> list[np.ndarray | None]:
         """The results as ``torch_reductions`` returns them, from ``values`` copied to the host
@@ -39,6 +54,16 @@ def torch_reductions(value: torch.Tensor, items: ReductionItems) -> list[np.ndar
     return started.results(started.values.cpu().numpy())
 
 
+def stack_parts(started: list[DeviceReductions]) -> torch.Tensor:
+    """The results of ``started`` (all on one device), in order, as one float64 tensor there."""
+    if all(s.stacked is None for s in started):
+        values = torch.stack([p for s in started for p in s.parts])  # dtypes promoted
+    else:
+        values = torch.cat([s.stacked if s.stacked is not None else torch.stack(s.parts).double()
+                            for s in started])
+    return values if values.dtype == torch.float64 else values.double()
+
+
 def start_reductions(value: torch.Tensor, items: ReductionItems) -> DeviceReductions | list[np.ndarray | None]:
     """The reductions ``items`` of ``value`` computed on its device (nothing waits for them),
     or a None per item for an empty tensor (no reduction has a value then)."""
@@ -52,9 +77,78 @@ def start_reductions(value: torch.Tensor, items: ReductionItems) -> DeviceReduct
         t = t.double()  # ints and bools reduce in float64, as numpy's definition here says
     elif t.dtype in (torch.float16, torch.bfloat16) or t.element_size() == 1:
         t = t.float()  # float8 too: torch has few operators for it
-    names = [canonical_name(name) for name, _ in items]
-    outs = [_torch_reduction(t, name, abs_).double() for name, (_, abs_) in zip(names, items)]
-    return DeviceReductions(names, torch.stack(outs))
+    key = tuple(items)
+    canonical = _CANONICAL.get(key)
+    if canonical is None:
+        canonical = _CANONICAL[key] = [(canonical_name(name), abs_) for name, abs_ in items]
+    return DeviceReductions([n for n, _ in canonical], fused_reductions(canonical)(t))
+
+
+_CANONICAL: dict[tuple[tuple[str, bool], ...], list[tuple[str, bool]]] = {}
+#: Up to this many elements torch's one-pass std_mean is the cheaper way to a std; above it the
+#: two-pass mean, subtraction and norm (vectorized kernels) are several times faster on a CPU.
+_ONE_PASS_STD_LIMIT = 256
+
+
+def fused_reductions(items: list[tuple[str, bool]]) -> Callable[[torch.Tensor], list[torch.Tensor]]:
+    """A function computing the canonical reductions ``items`` of a tensor (any shape; float)
+    as 0-d tensors (counts in float64, the rest in the tensor's dtype), decided once per list
+    of items (each call is on the training thread; each kernel launch and each line of Python
+    costs microseconds, which is most of a small tensor's reduction time). A pair asked together
+    is one kernel where torch has one (min and max: aminmax; a std or variance comes with the
+    mean), and ``|t|`` is computed once for all the absolute ones."""
+    key = tuple(items)
+    found = _PLANS.get(key)
+    if found is not None:
+        return found
+    index = {item: i for i, item in enumerate(items)}
+    # per absolute-or-not: where min/max go (one aminmax), where std/mean/variance go (one
+    # std_mean, or mean + norm of the centred values); the rest one op each
+    groups: list[tuple[bool, tuple[int, int] | None, tuple[int | None, int | None, int | None] | None,
+                       list[tuple[int, str]]]] = []
+    for abs_ in (False, True):
+        if not any(a == abs_ for _, a in items):
+            continue
+        minmax = (index[("min", abs_)], index[("max", abs_)]) if (
+            ("min", abs_) in index and ("max", abs_) in index) else None
+        spread: tuple[int | None, int | None, int | None] | None = (
+            index.get(("std", abs_)), index.get(("mean", abs_)), index.get(("variance", abs_)))
+        if spread is not None and spread[0] is None and spread[2] is None:
+            spread = None
+        done = set(minmax or ()) | {i for i in spread or () if i is not None}
+        rest = [(i, name) for i, (name, a) in enumerate(items) if a == abs_ and i not in done]
+        groups.append((abs_, minmax, spread, rest))
+    size = len(items)
+
+    def reduce(t: torch.Tensor) -> list[torch.Tensor]:
+        out: list[Any] = [None] * size
+        for abs_, minmax, spread, rest in groups:
+            x = t.abs() if abs_ else t
+            if minmax is not None:
+                out[minmax[0]], out[minmax[1]] = torch.aminmax(x)
+            if spread is not None:
+                n = x.numel()
+                if n <= _ONE_PASS_STD_LIMIT:
+                    std, mean = torch.std_mean(x, correction=0)
+                else:  # two passes, as numpy's std
+                    mean = x.mean()
+                    std = torch.linalg.vector_norm(x - mean) / (n ** 0.5)
+                i_std, i_mean, i_var = spread
+                if i_std is not None:
+                    out[i_std] = std
+                if i_mean is not None:
+                    out[i_mean] = mean
+                if i_var is not None:
+                    out[i_var] = std * std
+            for i, name in rest:
+                out[i] = _torch_reduction(x, name, False)
+        return out
+
+    _PLANS[key] = reduce
+    return reduce
+
+
+_PLANS: dict[tuple[tuple[str, bool], ...], Callable[[torch.Tensor], list[torch.Tensor]]] = {}
 
 
 #: Above this many elements a median is computed on the host (torch.quantile refuses more).
@@ -87,9 +181,9 @@ def _torch_reduction(t: torch.Tensor, name: str, abs_: bool) -> torch.Tensor:
     if name == "l2":
         return t.abs().square().sum().sqrt() if t.is_complex() else torch.linalg.vector_norm(t, 2)
     if name == "nan_count":
-        return torch.isnan(t).sum()
+        return torch.isnan(t).sum(dtype=torch.float64)
     if name == "inf_count":
-        return torch.isinf(t).sum()
+        return torch.isinf(t).sum(dtype=torch.float64)
     if name == "zero_fraction":
         return (t == 0).sum().double() / t.numel()
     raise MltraceValueError(f"unknown reduction {name!r}")

@@ -1,0 +1,129 @@
+"""Cost of the flight recorder on the benchmark MLP (issue "catch the moment").
+
+Variants, their runs interleaved in one process (bench/README.md's protocol: one warm-up run and
+``--runs`` measured runs each, the median reported; a run is a fresh model, hook and out_dir,
+``--steps`` steps plus ``hook.close()``):
+
+* ``none``: no hook.
+* ``hook``: mltrace's hook saving the losses every 1000 steps, no recorder: nothing is due after
+  step 0 (the hook's own cost at a step that saves nothing).
+* ``recorder``: the same hook with a flight recorder keeping the reductions (min, max, mean,
+  std, l2) of every gradient and every activation (module output) for 50 steps, no trigger
+  firing; the non-finite check on, the loss spike off.
+* ``recorder_nocheck``: the same without the non-finite check: the reductions stay where they
+  were computed until a dump, no copy per step. ``recorder`` minus this is the check alone.
+
+Printed: ms/step of each, the ratios, the check's share of the step, and the recorder's memory
+(its ring's bytes at the end against the budget).
+
+Example:
+    .venv/bin/python bench/flight_recorder.py --steps 500 --runs 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+os.environ.setdefault("MLTRACE_LOG_LEVEL", "error")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+from pytorch_overhead import make_data, make_model  # noqa: E402
+from torch import nn  # noqa: E402
+
+import mltrace.pytorch as smd  # noqa: E402
+
+VARIANTS = ("none", "hook", "recorder", "recorder_nocheck")
+BUDGET = 16 * 1024 * 1024
+
+
+def _hook(variant: str, out_dir: str) -> Any:
+    if variant == "none":
+        return None
+    recorder = None
+    smd.get_collection("activations").include(r"_output_0$")  # every module's output
+    if variant.startswith("recorder"):
+        recorder = smd.FlightRecorderConfig(
+            steps=50, collections=["gradients", "activations"], loss_spike=None,
+            nonfinite=variant == "recorder", memory_budget=BUDGET)
+    hook = smd.Hook(out_dir=out_dir, save_config=smd.SaveConfig(save_interval=1000),
+                    include_collections=["losses"], flight_recorder=recorder)
+    return hook
+
+
+def one_run(variant: str, out_dir: str, data: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+    model, loss_fn = make_model(), nn.MSELoss()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    hook = _hook(variant, out_dir)
+    if hook is not None:
+        hook.register_module(model)
+        hook.register_loss(loss_fn)
+    gc.collect()
+    start = time.perf_counter()
+    for x, y in data:
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+    ring = hook.recorder.ring_bytes if hook is not None and hook.recorder is not None else 0
+    kept = len(hook.recorder.ring) if hook is not None and hook.recorder is not None else 0
+    if hook is not None:
+        hook.close()
+    elapsed = time.perf_counter() - start
+    return {"ms_per_step": elapsed * 1000.0 / len(data), "ring_bytes": ring, "ring_steps": kept}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=500)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    data = make_data(args.steps)
+    runs: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
+    load_start = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as workdir:
+        for k in range(args.runs + 1):  # the first round warms up
+            for variant in VARIANTS:
+                result = one_run(variant, os.path.join(workdir, f"{variant}_{k}"), data)
+                if k:
+                    runs[variant].append(result)
+    ms = {v: statistics.median(r["ms_per_step"] for r in runs[v]) for v in VARIANTS}
+    out = {
+        "ms_per_step": ms,
+        "runs_ms_per_step": {v: [r["ms_per_step"] for r in runs[v]] for v in VARIANTS},
+        "recorder_over_hook": ms["recorder"] / ms["hook"],
+        "recorder_added_over_hook_added": (ms["recorder"] - ms["none"]) / max(ms["hook"] - ms["none"], 1e-9),
+        "check_share_of_step": (ms["recorder"] - ms["recorder_nocheck"]) / ms["recorder_nocheck"],
+        "ring_bytes": max(r["ring_bytes"] for r in runs["recorder"]),
+        "ring_steps": max(r["ring_steps"] for r in runs["recorder"]),
+        "budget_bytes": BUDGET,
+        "load": [load_start, os.getloadavg()[0]],
+        "steps": args.steps,
+        "runs": args.runs,
+    }
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"flight recorder on the benchmark MLP ({args.steps} steps, median of {args.runs} runs, "
+          f"load {out['load'][0]:.1f} -> {out['load'][1]:.1f})")
+    for v in VARIANTS:
+        print(f"  {v:18s} {ms[v]:.4f} ms/step  ({ms[v] / ms['none']:.3f}x no hook)")
+    print(f"  recorder / hook (step time)            {out['recorder_over_hook']:.3f}")
+    print(f"  recorder's added time / hook's added   {out['recorder_added_over_hook_added']:.2f}")
+    print(f"  non-finite check alone, share of step  {out['check_share_of_step'] * 100:+.1f}%")
+    print(f"  ring: {out['ring_steps']} steps, {out['ring_bytes']} bytes (budget {BUDGET})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
