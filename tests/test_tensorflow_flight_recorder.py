@@ -204,3 +204,14 @@ def test_a_session_hook_records_the_tensors_it_fetches(tmp_path):
     loss_name = trial.tensor_names(collection="losses")[0]
     assert np.isnan(trial.tensor(loss_name).value(6)).all()
     assert np.isfinite(trial.tensor("w:0").reduction_value(5, "mean"))
+
+
+def test_the_recorder_skips_what_has_no_reduction():
+    adapter = smd.KerasHook._adapter_class()
+    assert adapter.recordable(tf.ones([2, 3])) and adapter.recordable(tf.keras.Variable([1.0]))
+    assert adapter.recordable(np.float32(1.5)) and adapter.recordable(3)
+    assert not adapter.recordable(tf.zeros([0, 3]))  # empty: no min, no max
+    assert not adapter.recordable(tf.constant(["a"]))
+    assert adapter.shape_and_dtype(tf.keras.Variable(np.ones((2, 2), np.float16))) == (
+        (2, 2), np.float16)
+    assert adapter.shape_and_dtype(7) == ((1,), np.dtype(np.int64))  # as saved: shape [1]

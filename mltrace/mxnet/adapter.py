@@ -98,6 +98,12 @@ class GluonAdapter(Adapter):
         return [list(host_results(s.items, host[id(s)])) if isinstance(s, _Started) else s
                 for s in started]
 
+    def recordable(self, value: Any) -> bool:
+        """Numeric, non-empty arrays (no reduction of an empty one has a value)."""
+        if isinstance(value, NDArray):
+            return value.size > 0 and np.dtype(value.dtype).kind in "biuf"
+        return np.asarray(value).dtype.kind in "biuf" and np.size(value) > 0
+
     def snapshot(self, value: Any) -> Any:
         """A copy on the array's context (no host transfer until a dump)."""
         if isinstance(value, NDArray):

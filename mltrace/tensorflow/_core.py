@@ -197,6 +197,13 @@ class TFAdapter(Adapter):
         return [_tensors.host_results(s.items, host[id(s)]) if isinstance(s, _Started) else s
                 for s in started]
 
+    def recordable(self, value: Any) -> bool:
+        """Not empty tensors (no reduction has a value), nor strings."""
+        if _tensors.is_tf_value(value):
+            shape = tuple(value.shape)  # a keras.Variable's is a tuple, a tensor's a TensorShape
+            return tf.as_dtype(value.dtype) != tf.string and all(d != 0 for d in shape)
+        return np.asarray(value).dtype.kind in "biufc" and np.size(value) > 0
+
     def shape_and_dtype(self, value: Any) -> tuple[tuple[int, ...], Any]:
         """A TF value's shape and numpy dtype (the recorder writes a loss back with it)."""
         if _tensors.is_tf_value(value):

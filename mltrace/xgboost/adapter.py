@@ -122,8 +122,11 @@ class XGBoostAdapter(Adapter):
 
     def recordable(self, value: Any) -> bool:
         """The flight recorder keeps numbers only (metrics, predictions, importance, SHAP), not
-        strings (an ``all`` collection's string hyperparameters)."""
-        return np.asarray(value).dtype.kind in "biuf" if not isinstance(value, str) else False
+        strings (an ``all`` collection's string hyperparameters) nor empty arrays."""
+        if isinstance(value, str):
+            return False
+        array = np.asarray(value)
+        return array.dtype.kind in "biuf" and array.size > 0
 
     def shape_and_dtype(self, value: Any) -> tuple[tuple[int, ...], Any]:
         """As the value is saved (a Python number as shape [1]): a dumped step's metric reads

@@ -135,3 +135,14 @@ def test_a_budget_too_small_for_the_parameters_fails_at_register_block(tmp_path)
     with pytest.raises(MltraceValueError, match=r"memory_budget=500\) cannot hold one step"):
         hook.register_block(net)
     hook.close()
+
+
+def test_the_recorder_skips_what_has_no_reduction():
+    from mltrace.mxnet.adapter import GluonAdapter
+
+    adapter = GluonAdapter()
+    assert adapter.recordable(mx.nd.ones((2, 3))) and adapter.recordable(1.5)
+    assert not adapter.recordable(mx.nd.array(np.zeros((0,))))  # empty: no min, no max
+    assert adapter.shape_and_dtype(mx.nd.ones((2, 3), dtype="float16")) == ((2, 3), np.float16)
+    snap = adapter.snapshot(mx.nd.ones((2, 3)))
+    assert adapter.nbytes(snap) == 24 and snap.context == mx.cpu()
