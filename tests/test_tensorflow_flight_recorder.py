@@ -2,17 +2,22 @@
 KerasHook's and SessionHook's own callbacks, no tf.debugging): a NaN made in the middle of a model
 at a seeded batch of a run saving every 500 steps leaves the steps around it in the trial at full
 resolution and names the poisoned layer's output first; gradient tapes, manual dumps through the
-front, a budget too small for the model's weights, and a tf.compat.v1 session."""
+front, an exception escaping fit, a budget too small for the model's weights, a tf.compat.v1
+session, the JSON config's FlightRecorder key."""
 
 from __future__ import annotations
 
+import json
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import mltrace.tensorflow as smd
+import mltrace.xgboost as smd_xgb
 from mltrace.exceptions import MltraceValueError
 from mltrace.format.flight_record import read_records
 from mltrace.storage import open_storage
@@ -215,3 +220,54 @@ def test_the_recorder_skips_what_has_no_reduction():
     assert adapter.shape_and_dtype(tf.keras.Variable(np.ones((2, 2), np.float16))) == (
         (2, 2), np.float16)
     assert adapter.shape_and_dtype(7) == ((1,), np.dtype(np.int64))  # as saved: shape [1]
+
+
+_RAISING_FIT = """
+import sys
+import numpy as np
+import tensorflow as tf
+import mltrace.tensorflow as smd
+
+class Fail(tf.keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == 12:
+            raise RuntimeError("injected failure at batch 12")
+
+tf.keras.utils.set_random_seed(0)
+model = tf.keras.Sequential([tf.keras.layers.Input((4,)), tf.keras.layers.Dense(3, name="d1"),
+                             tf.keras.layers.Dense(1, name="d2")], name="net")
+model.compile(optimizer="sgd", loss="mse")
+hook = smd.KerasHook(out_dir=sys.argv[1], save_config=smd.SaveConfig(save_interval=500),
+                     flight_recorder=smd.FlightRecorderConfig(steps=4, after_steps=2,
+                                                              collections=["losses", "layers"]))
+x = np.random.default_rng(0).standard_normal((80, 4)).astype("float32")
+model.fit(x, x[:, :1], batch_size=4, verbose=0, callbacks=[hook, Fail()])
+"""
+
+
+def test_an_exception_escaping_fit_dumps_before_exit(tmp_path):
+    script = tmp_path / "fit.py"
+    script.write_text(_RAISING_FIT)
+    out = str(tmp_path / "run")
+    done = subprocess.run([sys.executable, str(script), out], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 1 and "injected failure at batch 12" in done.stderr
+    (dump,) = read_records(open_storage(out))[0].dumps
+    assert dump.trigger == "exception" and "RuntimeError: injected failure" in dump.reason
+    assert (dump.step, dump.steps_before) == (12, [8, 9, 10, 11])
+    trial = create_trial(out)
+    assert trial.steps() == [0, 8, 9, 10, 11, 12]
+    assert np.size(trial.tensor("d1/outputs").reduction_value(12, "mean")) == 1
+
+
+def test_the_json_config_gives_tensorflow_and_xgboost_hooks_a_recorder(tmp_path):
+    path = tmp_path / "config.json"
+    for name, cls in (("keras", smd.KerasHook), ("session", smd.SessionHook),
+                      ("xgboost", smd_xgb.Hook)):
+        path.write_text(json.dumps({"LocalPath": str(tmp_path / name), "FlightRecorder": {
+            "steps": "12", "collections": "losses", "loss_spike": "none"}}))
+        hook = cls.create_from_json_file(str(path))
+        assert hook.recorder is not None
+        config = hook.recorder.config
+        assert (config.steps, config.collections, config.loss_spike) == (12, ["losses"], None)
+        hook.close()
