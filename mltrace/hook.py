@@ -325,10 +325,9 @@ class Hook:
         assert self.recorder is not None
         request, self.stop.dump_request = self.stop.dump_request, None
         if request is not None:
-            rule = request.get("rule")
-            reason = str(request.get("reason") or request.get("message") or "")
-            self.recorder.trigger("rule" if rule else "manual",
-                                  f"{rule or 'a request'} asked for a dump" + (f": {reason}" if reason else ""))
+            asked = f"rule {request.rule}" if request.rule else "mltrace dump"
+            self.recorder.trigger("rule" if request.rule else "manual",
+                                  f"{asked} asked for a dump" + (f": {request.reason}" if request.reason else ""))
         self.recorder.begin_step(self.clock.step, self.clock.mode, self.clock.mode_step)
 
     def end_step(self) -> None:

@@ -11,8 +11,6 @@ import os
 import random
 import subprocess
 import sys
-import time
-import uuid
 
 import numpy as np
 import pytest
@@ -21,7 +19,7 @@ import torch
 import mltrace.pytorch as smd
 from mltrace.capture.flight_recorder import FlightRecorderConfig
 from mltrace.exceptions import MltraceValueError
-from mltrace.format.flight_record import REQUEST_FILE, read_records, record_key
+from mltrace.format.flight_record import read_records, record_key, write_request
 from mltrace.json_config import parse_hook_config
 from mltrace.storage import open_storage
 from mltrace.trials import create_trial
@@ -125,14 +123,12 @@ def test_a_rules_request_dumps_at_the_next_look(tmp_path):
     out = str(tmp_path / "run")
 
     def on_step(hook, step):
-        if step == 15:  # a rule (mltrace.rules.actions) writes the request into the trial
-            request = {"id": uuid.uuid4().hex, "rule": "LossNotDecreasing", "step": 14,
-                       "message": "loss flat", "time": time.time()}
-            (tmp_path / "run" / REQUEST_FILE).write_text(json.dumps(request))
+        if step == 15:  # what the dumpflightrecorder rule action writes into the trial
+            write_request(open_storage(out), "loss flat", rule="LossNotDecreasing", step=14)
 
     train(out, steps=25, poison_step=None, on_step=on_step, stop_check_interval=0)
     (dump,) = _records(out)[0].dumps
-    assert dump.trigger == "rule" and "LossNotDecreasing" in dump.reason
+    assert dump.trigger == "rule" and dump.reason == "rule LossNotDecreasing asked for a dump: loss flat"
     assert dump.step == 16  # looked for at the boundary that begins step 16
 
 

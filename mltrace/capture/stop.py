@@ -11,7 +11,7 @@ from typing import Any
 
 from mltrace.exceptions import StopTrainingRequested
 from mltrace.format import paths
-from mltrace.format.flight_record import REQUEST_FILE
+from mltrace.format.flight_record import DumpRequest, read_request
 from mltrace.storage.base import Storage
 
 logger = logging.getLogger("mltrace.hook")
@@ -33,8 +33,8 @@ class StopSignal:
         self.watch_dump_requests = False
         self._dump_ids_seen: set[str] = set()
         self._started = time.time()
-        #: A dump request not handled yet (its content), else None.
-        self.dump_request: dict[str, Any] | None = None
+        #: A dump request not handled yet, else None.
+        self.dump_request: DumpRequest | None = None
 
     def poll(self) -> bool:
         """Look for the signal if it is time to; True once training was asked to stop."""
@@ -62,20 +62,14 @@ class StopSignal:
 
     def _look_for_dump_request(self) -> None:
         try:
-            if not self._storage.exists(REQUEST_FILE):
-                return
-            request = json.loads(self._storage.read(REQUEST_FILE) or b"{}")
+            request = read_request(self._storage)
         except Exception as exc:  # noqa: BLE001 - as for the stop signal: asked again next time
             logger.debug("could not read the flight recorder request: %s", exc)
             return
-        if not isinstance(request, dict):
+        if request is None or request.id in self._dump_ids_seen:
             return
-        key = str(request.get("id") or request.get("time"))
-        if key in self._dump_ids_seen:
-            return
-        self._dump_ids_seen.add(key)
-        when = request.get("time")
-        if isinstance(when, (int, float)) and when < self._started:
+        self._dump_ids_seen.add(request.id)
+        if request.time and request.time < self._started:
             return  # written for an earlier run in this out_dir
         self.dump_request = request
 
