@@ -225,3 +225,36 @@ def test_dump_without_a_recorder_says_how_to_get_one(tmp_path):
     with pytest.raises(MltraceValueError, match="flight_recorder=FlightRecorderConfig"):
         hook.dump_flight_recorder("why")
     hook.close()
+
+
+def test_a_step_the_grad_scaler_skipped_is_not_a_trigger_but_a_nan_loss_is(tmp_path):
+    # Mixed precision: a GradScaler meets inf gradients by design (here at once: a huge initial
+    # scale) and skips the optimizer step; the recorder must not dump for that. A NaN loss
+    # later is a real failure.
+    out = str(tmp_path / "run")
+    model, loss_fn = torch.nn.Linear(4, 1), torch.nn.MSELoss()
+    hook = smd.Hook(out_dir=out, save_config=smd.SaveConfig(save_interval=500),
+                    flight_recorder=FlightRecorderConfig(steps=5, after_steps=1,
+                                                         collections=["gradients", "losses"]))
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 127)
+    hook.register_grad_scaler(scaler)
+    skipped = []
+    for step in range(15):
+        x = torch.randn(8, 4)
+        if step == 10:
+            x[0, 0] = float("nan")
+        opt.zero_grad()
+        scale = scaler.get_scale()
+        y = torch.randn(8, 1) * (100.0 if step == 0 else 1.0)  # loss x scale overflows at step 0
+        scaler.scale(loss_fn(model(x), y)).backward()
+        scaler.step(opt)
+        scaler.update()
+        skipped.append(scaler.get_scale() < scale)
+    hook.close()
+    assert skipped[0]  # the scaler did skip step 0, with inf gradients
+    (dump,) = _records(out)[0].dumps
+    assert dump.trigger == "nonfinite" and dump.step == 10
+    assert dump.first_nonfinite is not None and dump.first_nonfinite.tensor == "MSELoss_output_0"

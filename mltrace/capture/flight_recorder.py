@@ -210,6 +210,9 @@ class _Step:
     #: the adapter's handles of the tensors' reductions (on their device until moved)
     started: list[Any] = field(default_factory=list)
     size: int = 0  # reductions so far
+    #: a prefix of tensors whose non-finite values are expected this step (a loss scaler
+    #: skipped the step because of them)
+    excused: str | None = None
     nbytes: int = 0
     flat: np.ndarray | None = None  # every reduction of the step, on the host, once moved
 
@@ -327,6 +330,13 @@ class FlightRecorder:
         step.started.append(started)
         step.size += len(self.items)
         step.nbytes += self._tensor_bytes + (self.adapter.nbytes(raw) if raw is not None else 0)
+
+    def excuse_gradients(self, prefix: str) -> None:
+        """Non-finite values of the current step's tensors named ``prefix...`` are expected
+        (mixed precision: the loss scaler found them and skipped the optimizer step), so they
+        trigger no dump; the step is still recorded as it was."""
+        if self.current is not None:
+            self.current.excused = prefix
 
     def _observe_scalar(self, step: _Step, name: str, value: Any, loss: bool) -> None:
         """A scalar collection's tensor: one element is kept as its value (written raw, with its
@@ -469,10 +479,12 @@ class FlightRecorder:
             return None
         bad = []
         for position, tensor in enumerate(step.tensors):
+            if step.excused is not None and tensor.name.startswith(step.excused):
+                continue
             checked = [tensor.offset] if tensor.scalar else [tensor.offset + i for i in self._check_positions]
             if not np.isfinite(flat[checked]).all():
                 bad.append((position, tensor.name))
-        if not bad:  # only a std or a norm overflowed: the tensors themselves are finite
+        if not bad:  # only a std or a norm overflowed, or excused gradients
             self._armed = True
             return None
         position, name = bad[0]

@@ -546,6 +546,8 @@ class TorchAdapter(Adapter):
         if skipped:
             logger.info("GradScaler skipped the optimizer step at step %d (inf or NaN gradients)",
                         hook.step)
+            if hook.recorder is not None:  # the scaler's business, not a reason to dump
+                hook.recorder.excuse_gradients(GRADIENT_PREFIX)
             self._after_optimizer_step(optimizer)
             self.optimizer_steps.count += 1  # a step boundary all the same
         if hook.step_active and self.scaler is not None:
