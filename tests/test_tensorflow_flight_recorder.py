@@ -104,8 +104,8 @@ def test_a_nan_in_the_middle_of_a_keras_model_dumps_the_steps_around_it(tmp_path
         "nonfinite", poison, "TRAIN", window[:N], window[N + 1:])
     first = trial.first_nonfinite()
     assert first is not None and first == record.first_nonfinite == dump.first_nonfinite
-    assert (first.tensor, first.step, first.mode, first.mode_step, first.worker) == (
-        "poison/outputs", poison, "TRAIN", poison, "worker_0")
+    assert (first.tensor, first.step, first.mode, first.mode_step, first.worker, first.phase) == (
+        "poison/outputs", poison, "TRAIN", poison, "worker_0", "forward")
     assert first.position == 3  # after d1's inputs and outputs and poison's inputs, in call order
     assert first.nonfinite_tensors[:2] == ["poison/outputs", "d2/inputs"]
     assert "gradients/net/d1/kernelGrad" in first.nonfinite_tensors
@@ -181,6 +181,7 @@ def test_a_gradient_tape_loop_in_a_tf_function_records_every_step(tmp_path):
     assert first is not None and first.step == 7
     # the tape hands gradients before the loss: the first non-finite is a gradient
     assert first.tensor.startswith("gradients/tape/d/") and "loss" in first.nonfinite_tensors
+    assert first.phase == "backward"
     assert np.isinf(trial.tensor("loss").value(7)).all()
     assert np.isfinite(trial.tensor("gradients/tape/d/kernelGrad").reduction_value(6, "l2"))
 

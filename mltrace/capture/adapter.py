@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mltrace.capture.errors import ErrorPolicy
-from mltrace.collections import Collection, CollectionKeys
+from mltrace.collections import GRADIENT_PREFIX, Collection, CollectionKeys
 from mltrace.exceptions import MltraceTypeError
 from mltrace.format import paths
 from mltrace.histogram_bins import Binned
@@ -138,6 +138,17 @@ class Adapter:
     def nbytes(self, snapshot: Any) -> int:
         """The memory a :meth:`snapshot` takes."""
         return int(snapshot.nbytes)
+
+    def tensor_phase(self, name: str) -> str:
+        """The phase in which the tensor ``name`` was produced, named with the flight recorder's
+        first non-finite tensor: ``forward`` for a module's inputs and outputs, ``backward`` for
+        a gradient, ``other`` otherwise. Default: the PyTorch and MXNet names
+        (``<module>_output_<i>``, ``gradient/<param>``)."""
+        if name.startswith(GRADIENT_PREFIX):
+            return "backward"
+        if "_output_" in name or "_input_" in name:
+            return "forward"
+        return "other"
 
     def reductions_to_flat(self, started: list[Any]) -> np.ndarray:
         """The results of :meth:`reduce_on_device` handles ``started``, concatenated into one

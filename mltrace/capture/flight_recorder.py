@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mltrace.capture.adapter import Adapter, ReductionItems
-from mltrace.collections import GRADIENT_PREFIX, SCALAR_COLLECTIONS, Collection, CollectionKeys
+from mltrace.collections import SCALAR_COLLECTIONS, Collection, CollectionKeys
 from mltrace.config import ReductionConfig, parse_flag
 from mltrace.exceptions import MltraceTypeError, MltraceValueError
 from mltrace.format.flight_record import Dump, FirstNonFinite, FlightRecord, record_key
@@ -489,7 +489,7 @@ class FlightRecorder:
             return None
         position, name = bad[0]
         return FirstNonFinite(name, step.step, step.mode.name, step.mode_step, self.worker,
-                              _phase(name), position, [n for _, n in bad[:20]])
+                              self.adapter.tensor_phase(name), position, [n for _, n in bad[:20]])
 
     def _check_loss_spike(self, step: _Step) -> str | None:
         limit = self.config.loss_spike
@@ -576,14 +576,6 @@ def check_collections(names: Iterable[str], known: Mapping[str, Collection]) -> 
                 f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else "") + "; create it "
                 f"before building the hook (get_collection({name!r}).include(regex)) or record one "
                 f"of: {', '.join(sorted(known))}")
-
-
-def _phase(name: str) -> str:
-    if name.startswith(GRADIENT_PREFIX):
-        return "backward"
-    if "_output_" in name or "_input_" in name:
-        return "forward"
-    return "other"
 
 
 def _numpy_dtype(dtype: Any) -> Any:

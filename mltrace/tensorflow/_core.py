@@ -70,6 +70,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 _LAYER_IO = re.compile(r"^(?P<layer>[^/]+)/(inputs|outputs)(_\d+)?$")
+_MODEL_IO = re.compile(r"^(inputs|labels|predictions)(_\d+)?$")
 
 #: Collections whose members are named by the hook (smdebug tracks them by object and never
 #: matches their regexes against other tensors; the biases regex only sorts variables).
@@ -225,6 +226,15 @@ class TFAdapter(Adapter):
         if isinstance(snapshot, tf.Tensor):
             return int(snapshot.shape.num_elements() or 0) * snapshot.dtype.size
         return super().nbytes(snapshot)
+
+    def tensor_phase(self, name: str) -> str:
+        """``backward`` for ``gradients/...Grad``, ``forward`` for layer and model inputs and
+        outputs (``<layer>/outputs``, ``inputs``, ``labels``, ``predictions``)."""
+        if name.startswith("gradients/"):
+            return "backward"
+        if _LAYER_IO.match(name) or _MODEL_IO.match(name):
+            return "forward"
+        return "other"
 
     def recording(self, colls: Iterable[_CoreCollection]) -> bool:
         """True if the flight recorder keeps a tensor of ``colls`` this step: it is fetched on
