@@ -272,3 +272,36 @@ def test_the_json_config_gives_tensorflow_and_xgboost_hooks_a_recorder(tmp_path)
         config = hook.recorder.config
         assert (config.steps, config.collections, config.loss_spike) == (12, ["losses"], None)
         hook.close()
+
+
+def test_a_dump_keeps_what_a_saved_step_in_its_window_holds(tmp_path):
+    # Step 0 is saved (weights and losses); the recorder keeps losses only. A dump whose window
+    # starts at step 0 must not write step 0 again (that would replace its file, and its
+    # weights with it).
+    class DumpAt(tf.keras.callbacks.Callback):
+        def __init__(self, hook):
+            super().__init__()
+            self.hook = hook
+
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 5:
+                self.hook.dump_flight_recorder("look")
+
+    out = str(tmp_path / "run")
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.layers.Input((4,)), tf.keras.layers.Dense(3, name="d1")],
+                                name="net")
+    model.compile(optimizer="sgd", loss="mse")
+    hook = smd.KerasHook(out_dir=out, save_config=smd.SaveConfig(save_interval=500),
+                         include_collections=["weights", "losses"],
+                         flight_recorder=smd.FlightRecorderConfig(steps=10, after_steps=1,
+                                                                  collections=["losses"]))
+    x = np.random.default_rng(0).standard_normal((40, 4)).astype("float32")
+    model.fit(x, x[:, :3], batch_size=4, verbose=0, callbacks=[hook, DumpAt(hook)])
+    hook.close()
+    (dump,) = read_records(open_storage(out))[0].dumps
+    assert dump.steps_before == [0, 1, 2, 3, 4]
+    trial = create_trial(out)
+    assert trial.steps() == list(range(7))
+    assert trial.tensor("d1/weights/net/d1/kernel:0").steps() == [0]  # saved at 0, still there
+    assert trial.tensor("loss").steps() == list(range(7))

@@ -215,6 +215,7 @@ class _Step:
     excused: str | None = None
     nbytes: int = 0
     flat: np.ndarray | None = None  # every reduction of the step, on the host, once moved
+    saved: bool = False  # written by the hook itself (with these records): never by a dump
 
 
 class FlightRecorder:
@@ -359,11 +360,14 @@ class FlightRecorder:
         return (colls, bool(recorded), any(c.name in SCALAR_COLLECTIONS for c in recorded),
                 any(c.name == CollectionKeys.LOSSES for c in recorded))
 
-    def end_step(self, write_current: Callable[[list[tuple[str, np.ndarray]]], None]) -> None:
+    def end_step(self, write_current: Callable[[list[tuple[str, np.ndarray]]], None],
+                 saved: bool = False) -> None:
         """Close the current step: check it (non-finite values, a loss spike), then either write
         it with ``write_current`` (into the step's own file, still open) because a trigger is
         pending or the step is one of those after a trigger, or keep it in the ring. The ring is
-        written by :meth:`dump_pending`, once the step's file is closed."""
+        written by :meth:`dump_pending`, once the step's file is closed. A step the hook saves
+        itself (``saved``) gets its records now and is kept in the ring as written already: a
+        dump rewriting its file would lose what the hook saved there."""
         step, self.current = self.current, None
         if step is None:
             return
@@ -389,6 +393,10 @@ class FlightRecorder:
                     self._after_left -= 1
                     self._record_changed = True
             else:
+                if saved:
+                    self._to_host(step)
+                    write_current(self._records(step))
+                    step.saved = True
                 step.started = self.adapter.pack_reductions(step.started)
                 self._push(step)
 
@@ -534,6 +542,9 @@ class FlightRecorder:
         self.ring_bytes = 0
         written = []
         for step in steps:
+            if step.saved:  # in the trial already, with its records
+                written.append(step.step)
+                continue
             self._to_host(step)
             writer.open_step(step.step, step.mode, step.mode_step)
             for name, array in self._records(step):
