@@ -101,6 +101,8 @@ class TorchAdapter(Adapter):
         self._gradient_handles: list[Any] = []
         self._io_index: dict[str, int] = {}
         self.stepped = False  # True once a step began (a model's callbacks have run)
+        #: False once the saved collections are fixed, if none can hold a parameter
+        self._parameters_watched = True
         self.host_transfers = 0  # device-to-host copies of reductions (see reductions_to_host)
         # Reductions of sharded tensors (FSDP2), combined across ranks once per step
         self._sharded = ReductionBatch()
@@ -278,6 +280,11 @@ class TorchAdapter(Adapter):
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        assert self.hook is not None
+        plan = self.hook.plan
+        self._parameters_watched = any(
+            plan.may_save(f"{self.names[id(model)]}_{pname}")
+            for model in self.modules for pname, _ in model.named_parameters())
         self._gradient_hooks(False)
         self._gradients.clear()
         for module in self.modules:
@@ -447,7 +454,7 @@ class TorchAdapter(Adapter):
         if raise_stop and hook.stop_requested is not None:
             # A rule asked to stop: finish the trial, then end the user's loop at this boundary.
             raise hook.stop_training_error()
-        if hook.step_active:
+        if hook.step_active and self._parameters_watched:
             for model in self.modules:  # every registered model (a GAN's two), before the update
                 root = self.names[id(model)]
                 for pname, param in model.named_parameters():
@@ -483,6 +490,11 @@ class TorchAdapter(Adapter):
         """A forward hook saving the module's inputs and outputs as ``name``. Inside a compiled
         region it only records them (see mltrace.pytorch.compiled); eager, it saves them."""
         traced = self.traced
+        assert self.hook is not None
+        plan = self.hook.plan
+        # once the saved collections are fixed, only the side (inputs, outputs) some collection
+        # can match is looked at: a module's inputs are the previous one's outputs, mostly
+        inputs_too = not plan.prepared or any(plan.may_save(f"{name}_input_{i}") for i in range(4))
 
         def on_forward(module: torch.nn.Module, inputs: Any, outputs: Any) -> None:
             if not traced.active:  # a step that saves nothing (most steps)
@@ -493,15 +505,17 @@ class TorchAdapter(Adapter):
                 traced.buffer.append((name, "_input_", detached(inputs)))
                 traced.buffer.append((name, "_output_", detached(outputs)))
                 return
-            self._forward_hook(name, inputs, outputs)
+            self._forward_hook(name, inputs if inputs_too else None, outputs)
 
         return on_forward
 
     @guarded()
     def _forward_hook(self, name: str, inputs: Any, outputs: Any) -> None:
+        """Save a module's inputs (None: none of them can be saved) and outputs."""
         if self.hook is None or not self.hook.step_active or in_backward():
             return  # in backward: a checkpointed segment recomputed; saved on its first run
-        self.save_io(name, "_input_", inputs)
+        if inputs is not None:
+            self.save_io(name, "_input_", inputs)
         self.save_io(name, "_output_", outputs)
 
     @guarded()
