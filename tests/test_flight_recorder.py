@@ -258,3 +258,16 @@ def test_a_step_the_grad_scaler_skipped_is_not_a_trigger_but_a_nan_loss_is(tmp_p
     (dump,) = _records(out)[0].dumps
     assert dump.trigger == "nonfinite" and dump.step == 10
     assert dump.first_nonfinite is not None and dump.first_nonfinite.tensor == "MSELoss_output_0"
+
+
+def test_steps_the_hook_saved_itself_keep_their_files_and_get_the_recorders_records(tmp_path):
+    out = str(tmp_path / "run")
+    run = train(out, steps=45, poison_step=35, save_config=smd.SaveConfig(save_interval=10))
+    trial = create_trial(out)
+    assert trial.steps() == [0, 10] + list(range(15, 41))
+    for step in (10, 20, 30):  # saved by the save config, and inside the dump's window or not
+        assert trial.tensor("MSELoss_output_0").value(step).item() == pytest.approx(run.losses[step])
+    for step in (20, 30):  # in the window: the recorder's records are in the hook's own file
+        assert np.isfinite(trial.tensor(POISONED).reduction_value(step, "mean"))
+    (dump,) = _records(out)[0].dumps
+    assert dump.steps_before == list(range(15, 35))

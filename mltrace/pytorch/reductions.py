@@ -87,7 +87,7 @@ def start_reductions(value: torch.Tensor, items: ReductionItems) -> DeviceReduct
 _CANONICAL: dict[tuple[tuple[str, bool], ...], list[tuple[str, bool]]] = {}
 #: Up to this many elements torch's one-pass std_mean is the cheaper way to a std; above it the
 #: two-pass mean, subtraction and norm (vectorized kernels) are several times faster on a CPU.
-_ONE_PASS_STD_LIMIT = 256
+_ONE_PASS_STD_LIMIT = 512
 
 
 def fused_reductions(items: list[tuple[str, bool]]) -> Callable[[torch.Tensor], list[torch.Tensor]]:
