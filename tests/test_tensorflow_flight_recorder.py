@@ -3,7 +3,8 @@ KerasHook's and SessionHook's own callbacks, no tf.debugging): a NaN made in the
 at a seeded batch of a run saving every 500 steps leaves the steps around it in the trial at full
 resolution and names the poisoned layer's output first; gradient tapes, manual dumps through the
 front, an exception escaping fit, a budget too small for the model's weights, a tf.compat.v1
-session, the JSON config's FlightRecorder key."""
+session, MirroredStrategy, the JSON config's FlightRecorder key, and a saved step inside a dump's
+window keeping what it saved."""
 
 from __future__ import annotations
 
@@ -305,3 +306,45 @@ def test_a_dump_keeps_what_a_saved_step_in_its_window_holds(tmp_path):
     assert trial.steps() == list(range(7))
     assert trial.tensor("d1/weights/net/d1/kernel:0").steps() == [0]  # saved at 0, still there
     assert trial.tensor("loss").steps() == list(range(7))
+
+
+_MIRRORED_FIT = """
+import sys
+import numpy as np
+import tensorflow as tf
+
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import mltrace.tensorflow as smd
+
+strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+with strategy.scope():
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.layers.Input((4,)),
+                                 tf.keras.layers.Dense(3, activation="tanh", name="d1"),
+                                 tf.keras.layers.Dense(2, name="d2")], name="net")
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss="mse")
+hook = smd.KerasHook(out_dir=sys.argv[1], save_config=smd.SaveConfig(save_interval=500),
+                     flight_recorder=smd.FlightRecorderConfig(
+                         steps=3, after_steps=1, collections=["layers", "gradients", "losses"]))
+x = np.random.default_rng(0).standard_normal((48, 4)).astype("float32")
+x[28:30] = np.nan  # batch 7's first half: replica 0's share of it
+model.fit(x, x[:, :2], batch_size=4, verbose=0, shuffle=False, callbacks=[hook])
+hook.close()
+"""
+
+
+def test_under_mirrored_strategy_replica_0s_values_are_recorded(tmp_path):
+    script = tmp_path / "fit.py"
+    script.write_text(_MIRRORED_FIT)
+    out = str(tmp_path / "run")
+    done = subprocess.run([sys.executable, str(script), out], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    trial = create_trial(out)
+    assert trial.steps() == [0, 4, 5, 6, 7, 8]
+    first = trial.first_nonfinite()
+    assert first is not None
+    assert (first.tensor, first.step, first.phase, first.position) == ("d1/inputs", 7, "forward", 0)
+    assert np.isfinite(trial.tensor("d1/inputs").reduction_value(6, "max"))
+    assert np.isnan(trial.tensor("d1/inputs").reduction_value(7, "max"))
