@@ -35,15 +35,20 @@ def mlflow_template_db(tmp_path_factory) -> str:
 @pytest.fixture
 def tracking(tmp_path, monkeypatch, mlflow_template_db) -> str:
     """A fresh SQLite tracking URI in tmp_path (set as MLFLOW_TRACKING_URI; cwd = tmp_path)."""
-    import mlflow
-    import mlflow.tracking.fluent as fluent
-
     db = tmp_path / "mlflow.db"
     shutil.copyfile(mlflow_template_db, db)
     with sqlite3.connect(db) as conn:
         conn.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
                      (str(tmp_path / "mlruns" / "0"),))
     uri = f"sqlite:///{db}"
+    use_tracking_uri(uri, monkeypatch, tmp_path)
+    yield uri
+    end_active_runs()
+
+
+def use_tracking_uri(uri: str, monkeypatch: Any, cwd: Any) -> None:
+    """Point MLflow (and mltrace's sinks, logging from their thread) at ``uri`` for one test,
+    with no experiment or run inherited from the environment; cwd = ``cwd``."""
     for var in ("MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID", "MLTRACE_MLFLOW_PARENT_RUN_ID", "MLTRACE_TRIAL",
                 "MLFLOW_RUN_ID"):
         monkeypatch.delenv(var, raising=False)
@@ -52,8 +57,14 @@ def tracking(tmp_path, monkeypatch, mlflow_template_db) -> str:
     # Sinks log from their thread here (a helper process costs seconds of MLflow import per hook);
     # tests that are about the helper process ask for it with logging_process=True.
     monkeypatch.setenv("MLTRACE_MLFLOW_PROCESS", "0")
-    monkeypatch.chdir(tmp_path)
-    yield uri
+    monkeypatch.chdir(cwd)
+
+
+def end_active_runs() -> None:
+    """End the runs a test left active, and forget its experiment."""
+    import mlflow
+    import mlflow.tracking.fluent as fluent
+
     while mlflow.active_run() is not None:
         mlflow.end_run()
     fluent._active_experiment_id = None

@@ -19,7 +19,7 @@ from mlflow_plugin import _keys
 from mlflow_plugin.sink import NullSink
 from mltrace.format.flight_record import Dump, FirstNonFinite, FlightRecord, record_key
 from mltrace.trials import create_trial
-from tests.mlflow_env import mlflow_template_db, tracking, train  # noqa: F401
+from tests.mlflow_env import end_active_runs, mlflow_template_db, tracking, train, use_tracking_uri  # noqa: F401
 from tests.servers import mlflow_server, s3_server  # noqa: F401
 
 POISONED = "Sequential_1_output_0"
@@ -151,15 +151,9 @@ def test_workers_that_do_not_log_ignore_dumps():
 
 @pytest.fixture
 def server(mlflow_server, monkeypatch, tmp_path):  # noqa: F811
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
-    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
-    monkeypatch.setenv("MLTRACE_MLFLOW_PROCESS", "0")
-    for var in ("MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID", "MLTRACE_MLFLOW_PARENT_RUN_ID"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.chdir(tmp_path)
+    use_tracking_uri(mlflow_server.uri, monkeypatch, tmp_path)
     yield mlflow_server
-    while mlflow.active_run() is not None:
-        mlflow.end_run()
+    end_active_runs()
 
 
 @pytest.mark.server

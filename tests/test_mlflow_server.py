@@ -12,7 +12,7 @@ from mlflow_plugin.compare import compare_runs
 from mltrace.rules import invoke_rule
 from mltrace.rules.builtin.vanishing_gradient import VanishingGradient
 from mltrace.trials import create_trial
-from tests.mlflow_env import train
+from tests.mlflow_env import end_active_runs, train, use_tracking_uri
 from tests.servers import mlflow_server, s3_server  # noqa: F401
 
 LOSS = "MSELoss_output_0"
@@ -20,14 +20,9 @@ LOSS = "MSELoss_output_0"
 
 @pytest.fixture
 def server(mlflow_server, monkeypatch, tmp_path):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
-    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
-    for var in ("MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID", "MLTRACE_MLFLOW_PARENT_RUN_ID"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.chdir(tmp_path)
+    use_tracking_uri(mlflow_server.uri, monkeypatch, tmp_path)
     yield mlflow_server
-    while mlflow.active_run() is not None:
-        mlflow.end_run()
+    end_active_runs()
 
 
 def _bucket_keys(server, prefix):
