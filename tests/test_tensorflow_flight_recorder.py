@@ -348,3 +348,23 @@ def test_under_mirrored_strategy_replica_0s_values_are_recorded(tmp_path):
     assert (first.tensor, first.step, first.phase, first.position) == ("d1/inputs", 7, "forward", 0)
     assert np.isfinite(trial.tensor("d1/inputs").reduction_value(6, "max"))
     assert np.isnan(trial.tensor("d1/inputs").reduction_value(7, "max"))
+
+
+def test_a_steps_reductions_reach_the_host_flat_as_numpy_defines_them():
+    from mltrace.capture.adapter import Adapter
+    from mltrace.reductions import compute
+
+    adapter = smd.KerasHook._adapter_class()
+    items = [("min", False), ("max", False), ("mean", False), ("std", False), ("l2", False),
+             ("max", True), ("nan_count", False)]
+    rng = np.random.default_rng(3)
+    poisoned = rng.standard_normal((5, 4)).astype("float32")
+    poisoned[2, 1] = np.nan
+    values = [tf.constant(rng.standard_normal((3, 4)).astype("float32")), tf.constant(poisoned),
+              tf.constant(np.arange(6, dtype=np.int32)), tf.keras.Variable(np.ones(3, np.float16))]
+    started = [adapter.reduce_on_device(v, items) for v in values]
+    flat = adapter.reductions_to_flat(started)
+    assert flat.dtype == np.float64 and flat.shape == (len(values) * len(items),)
+    np.testing.assert_array_equal(flat, Adapter.reductions_to_flat(adapter, started))
+    expected = [float(compute(n, np.asarray(v), a)) for v in values for n, a in items]
+    np.testing.assert_allclose(flat, expected, rtol=1e-6)  # NaN where numpy has NaN

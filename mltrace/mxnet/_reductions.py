@@ -32,7 +32,7 @@ def host_results(items: list[tuple[str, bool]], host: np.ndarray) -> list[np.nda
     names = [canonical_name(name) for name, _ in items]
     has_nan = host[-1] > 0
     return [np.asarray(np.int64(h) if n in _COUNTS else
-                       np.float64("nan") if has_nan and n not in _NAN_SAFE else h)
+                       np.float64("nan") if has_nan and n not in NAN_SAFE else h)
             for n, h in zip(names, host[:-1])]
 
 
@@ -52,7 +52,7 @@ def _device_reductions(value: NDArray, names: list[str], abs_flags: list[bool]) 
 
 _COUNTS = ("nan_count", "inf_count")
 # numpy propagates NaN through every reduction but these; MXNet's min/max/sort may not.
-_NAN_SAFE = ("nan_count", "inf_count", "zero_fraction")
+NAN_SAFE = ("nan_count", "inf_count", "zero_fraction")
 
 
 def _variance(t: NDArray) -> NDArray:

@@ -23,7 +23,8 @@ from mltrace.capture.adapter import Adapter, ReductionItems, as_numpy
 from mltrace.capture.errors import guarded
 from mltrace.collections import GRADIENT_PREFIX, TORNASOLE_INCLUDE_COLLECTIONS, CollectionKeys
 from mltrace.exceptions import MltraceTypeError
-from mltrace.mxnet._reductions import host_results, reduce_on_device, start_reductions
+from mltrace.mxnet._reductions import NAN_SAFE, host_results, reduce_on_device, start_reductions
+from mltrace.reductions import canonical_name
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +98,24 @@ class GluonAdapter(Adapter):
                 host.update({id(s): values[a:b] for s, a, b in zip(here, offsets, offsets[1:])})
         return [list(host_results(s.items, host[id(s)])) if isinstance(s, _Started) else s
                 for s in started]
+
+    def reductions_to_flat(self, started: list[Any]) -> np.ndarray:
+        """The flight recorder's step: its reductions all on one context are concatenated there
+        and copied once; each tensor's NaN count then gives numpy's NaN propagation."""
+        if not started or not all(isinstance(s, _Started) for s in started) or len(
+                {s.values.context for s in started}) != 1:
+            return super().reductions_to_flat(started)
+        with autograd.pause():
+            host = mx.nd.concat(*[s.values for s in started], dim=0).asnumpy()
+        parts, offset = [], 0
+        for s in started:
+            n = len(s.items)
+            part = host[offset:offset + n]
+            if host[offset + n] > 0:  # a NaN: every reduction but the counts is NaN, as numpy's
+                part = np.where(_nan_safe_mask(s.items), part, np.nan)
+            parts.append(part)
+            offset += n + 1
+        return np.concatenate(parts).astype(np.float64, copy=False)
 
     def recordable(self, value: Any) -> bool:
         """Numeric, non-empty arrays (no reduction of an empty one has a value)."""
@@ -279,6 +298,11 @@ class GluonAdapter(Adapter):
         except RuntimeError as exc:  # not initialized yet, or no gradient buffer
             self.warn_once(param.name, "cannot save parameter %s: %s", param.name, exc)
 
+
+
+def _nan_safe_mask(items: ReductionItems) -> np.ndarray:
+    """True where a reduction of ``items`` keeps its value when the tensor holds a NaN."""
+    return np.array([canonical_name(name) in NAN_SAFE for name, _ in items])
 
 
 class _Started:

@@ -198,6 +198,14 @@ class TFAdapter(Adapter):
         return [_tensors.host_results(s.items, host[id(s)]) if isinstance(s, _Started) else s
                 for s in started]
 
+    def reductions_to_flat(self, started: list[Any]) -> np.ndarray:
+        """The flight recorder's step: its reductions all on one device are concatenated there
+        and copied once, already flat (counts stay float64: the recorder casts them)."""
+        if started and all(isinstance(s, _Started) for s in started):
+            if len({s.values.device for s in started}) == 1:
+                return np.asarray(tf.concat([s.values for s in started], axis=0).numpy())
+        return super().reductions_to_flat(started)
+
     def recordable(self, value: Any) -> bool:
         """Not empty tensors (no reduction has a value), nor strings."""
         if _tensors.is_tf_value(value):

@@ -146,3 +146,24 @@ def test_the_recorder_skips_what_has_no_reduction():
     assert adapter.shape_and_dtype(mx.nd.ones((2, 3), dtype="float16")) == ((2, 3), np.float16)
     snap = adapter.snapshot(mx.nd.ones((2, 3)))
     assert adapter.nbytes(snap) == 24 and snap.context == mx.cpu()
+
+
+def test_a_steps_reductions_reach_the_host_flat_as_numpy_defines_them():
+    from mltrace.capture.adapter import Adapter
+    from mltrace.mxnet.adapter import GluonAdapter
+    from mltrace.reductions import compute
+
+    adapter = GluonAdapter()
+    items = [("min", False), ("max", False), ("mean", False), ("std", False), ("l2", False),
+             ("max", True), ("nan_count", False), ("zero_fraction", False)]
+    rng = np.random.default_rng(3)
+    poisoned = rng.standard_normal((5, 4)).astype("float32")
+    poisoned[2, 1] = np.nan
+    arrays = [rng.standard_normal((3, 4)).astype("float32"), poisoned,
+              np.arange(6, dtype=np.int32)]
+    started = [adapter.reduce_on_device(mx.nd.array(a, dtype=a.dtype), items) for a in arrays]
+    flat = adapter.reductions_to_flat(started)
+    assert flat.dtype == np.float64 and flat.shape == (len(arrays) * len(items),)
+    np.testing.assert_array_equal(flat, Adapter.reductions_to_flat(adapter, started))
+    expected = [float(compute(n, a, abs_)) for a in arrays for n, abs_ in items]
+    np.testing.assert_allclose(flat, expected, rtol=1e-6)  # NaN where numpy has NaN
