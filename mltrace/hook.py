@@ -350,7 +350,7 @@ class Hook:
             self.outputs.write_pending()  # the step's own reductions first: the recorder's skip them
             # a step the hook writes itself takes the recorder's records now (a dump must
             # never write it again: that would replace its file and lose what it saved)
-            recorder.end_step(self.outputs.write_records, saved=bool(self.writer.record_names()))
+            recorder.end_step(self.outputs.write_records, saved=self.writer.step_open)
         self.outputs.end_step()
         if recorder is not None:
             recorder.dump_pending(self.writer)
