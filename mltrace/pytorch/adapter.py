@@ -225,12 +225,11 @@ class TorchAdapter(Adapter):
         return super().nbytes(snapshot)
 
     def reductions_to_host(self, started: list[Any]) -> list[list[np.ndarray | None]]:
-        """The results of a step's reductions: those left on a device are concatenated and
-        copied to the host together, one copy per device (one per step on a one-GPU job)."""
+        """The results of a step's reductions: those left on a device are stacked and copied to
+        the host together, one copy per device (one per step on a one-GPU job)."""
         pending = [s for s in started if isinstance(s, DeviceReductions)]
         host: dict[int, np.ndarray] = {}
-        for device in {s.device for s in pending}:
-            here = [s for s in pending if s.device == device]
+        for here in _by_device(pending):
             values = self._to_host(stack_parts(here))
             offsets = np.cumsum([0] + [len(s.names) for s in here])
             host.update({id(s): values[a:b] for s, a, b in zip(here, offsets, offsets[1:])})
@@ -238,20 +237,23 @@ class TorchAdapter(Adapter):
 
     def reductions_to_flat(self, started: list[Any]) -> np.ndarray:
         """A step's reductions in one device-to-host copy, when all of them wait on one device."""
-        if started and all(isinstance(s, DeviceReductions) for s in started):
-            device = started[0].device
-            if all(s.device == device for s in started):
-                return self._to_host(stack_parts(started))
+        if started and all(type(s) is DeviceReductions for s in started):
+            try:
+                values = stack_parts(started, float64=False)
+            except RuntimeError:  # on several devices
+                return super().reductions_to_flat(started)
+            return self._to_host(values).astype(np.float64, copy=False)
         return super().reductions_to_flat(started)
 
     def pack_reductions(self, started: list[Any]) -> list[Any]:
         """A step's reductions as one tensor on their device (one object to keep, not one per
         reduction), when all wait on one device."""
-        if len(started) > 1 and all(isinstance(s, DeviceReductions) for s in started):
-            device = started[0].device
-            if all(s.device == device for s in started):
-                names = [n for s in started for n in s.names]
-                return [DeviceReductions(names, [], stack_parts(started))]
+        if len(started) > 1 and all(type(s) is DeviceReductions for s in started):
+            try:
+                values = stack_parts(started, float64=False)
+            except RuntimeError:  # on several devices: kept as they are
+                return started
+            return [DeviceReductions([n for s in started for n in s.names], [], values)]
         return started
 
     def _to_host(self, values: torch.Tensor) -> np.ndarray:
@@ -676,6 +678,14 @@ class TorchAdapter(Adapter):
         self.optimizer_steps.remove()
         if self.scaler is not None:
             self.scaler.remove()
+
+
+def _by_device(pending: list[DeviceReductions]) -> list[list[DeviceReductions]]:
+    """``pending`` grouped by device, in order within each group."""
+    devices: dict[torch.device, list[DeviceReductions]] = {}
+    for s in pending:
+        devices.setdefault(s.device, []).append(s)
+    return list(devices.values())
 
 
 def _horovod() -> Any:

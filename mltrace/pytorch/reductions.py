@@ -54,14 +54,19 @@ def torch_reductions(value: torch.Tensor, items: ReductionItems) -> list[np.ndar
     return started.results(started.values.cpu().numpy())
 
 
-def stack_parts(started: list[DeviceReductions]) -> torch.Tensor:
-    """The results of ``started`` (all on one device), in order, as one float64 tensor there."""
+def stack_parts(started: list[DeviceReductions], float64: bool = True) -> torch.Tensor:
+    """The results of ``started``, in order, as one tensor on their device (float64, or the
+    promoted dtype of the parts when not ``float64``).
+
+    Raises:
+        RuntimeError: they are on several devices (torch refuses to stack them).
+    """
     if all(s.stacked is None for s in started):
         values = torch.stack([p for s in started for p in s.parts])  # dtypes promoted
     else:
-        values = torch.cat([s.stacked if s.stacked is not None else torch.stack(s.parts).double()
+        values = torch.cat([s.stacked if s.stacked is not None else torch.stack(s.parts)
                             for s in started])
-    return values if values.dtype == torch.float64 else values.double()
+    return values.double() if float64 and values.dtype != torch.float64 else values
 
 
 def start_reductions(value: torch.Tensor, items: ReductionItems) -> DeviceReductions | list[np.ndarray | None]:
