@@ -413,7 +413,8 @@ def test_unrelated_top_level_keys_are_ignored_with_a_warning(tmp_path, caplog):
         hook = _json_hook(tmp_path, doc)
     assert [r.getMessage() for r in caplog.records if "top-level" in r.getMessage()] == [
         f"{tmp_path / 'hook.json'}: ignoring the top-level key 'RuleConfigurations'; mltrace reads "
-        "['LocalPath', 'HookParameters', 'CollectionConfigurations', 'S3OutputPath', 'S3Path']"]
+        "['LocalPath', 'HookParameters', 'CollectionConfigurations', 'S3OutputPath', 'S3Path', "
+        "'FlightRecorder']"]
     hook.close()
 
 

@@ -436,11 +436,6 @@ class FlightRecorder:
         with self._lock:
             return self._request(kind, reason, None)
 
-    @property
-    def pending(self) -> bool:
-        """True while a dump waits for the current step's end."""
-        return self._pending is not None
-
     def write_record(self, writer: TrialWriter) -> None:
         """(Re)write this worker's record file (at a dump, after its after-steps, at close)."""
         self._record_changed = False
