@@ -12,6 +12,8 @@ Variants, their runs interleaved in one process (bench/README.md's protocol: one
   firing; the non-finite check on, the loss spike off.
 * ``recorder_nocheck``: the same without the non-finite check: the reductions stay where they
   were computed until a dump, no copy per step. ``recorder`` minus this is the check alone.
+* ``recorder_minmax``: ``recorder`` keeping only min and max (one kernel per tensor): what the
+  choice of reductions costs.
 
 Printed: ms/step of each, the ratios, the check's share of the step, and the recorder's memory
 (its ring's bytes at the end against the budget).
@@ -40,8 +42,9 @@ from pytorch_overhead import make_data, make_model  # noqa: E402
 from torch import nn  # noqa: E402
 
 import mltrace.pytorch as smd  # noqa: E402
+from mltrace.capture.flight_recorder import DEFAULT_REDUCTIONS  # noqa: E402
 
-VARIANTS = ("none", "hook", "recorder", "recorder_nocheck")
+VARIANTS = ("none", "hook", "recorder", "recorder_nocheck", "recorder_minmax")
 BUDGET = 16 * 1024 * 1024
 
 
@@ -53,7 +56,8 @@ def _hook(variant: str, out_dir: str) -> Any:
     if variant.startswith("recorder"):
         recorder = smd.FlightRecorderConfig(
             steps=50, collections=["gradients", "activations"], loss_spike=None,
-            nonfinite=variant == "recorder", memory_budget=BUDGET)
+            nonfinite=variant != "recorder_nocheck", memory_budget=BUDGET,
+            reductions=["min", "max"] if variant == "recorder_minmax" else list(DEFAULT_REDUCTIONS))
     hook = smd.Hook(out_dir=out_dir, save_config=smd.SaveConfig(save_interval=1000),
                     include_collections=["losses"], flight_recorder=recorder)
     return hook
