@@ -14,6 +14,8 @@ Variants, their runs interleaved in one process (bench/README.md's protocol: one
   were computed until a dump, no copy per step. ``recorder`` minus this is the check alone.
 * ``recorder_minmax``: ``recorder`` keeping only min and max (one kernel per tensor): what the
   choice of reductions costs.
+* ``saving``: no recorder; the hook saves the same reductions of the same tensors to the trial
+  on every step (what a run would do to have every step without a recorder).
 
 Printed: ms/step of each, the ratios, the check's share of the step, and the recorder's memory
 (its ring's bytes at the end against the budget).
@@ -44,7 +46,7 @@ from torch import nn  # noqa: E402
 import mltrace.pytorch as smd  # noqa: E402
 from mltrace.capture.flight_recorder import DEFAULT_REDUCTIONS  # noqa: E402
 
-VARIANTS = ("none", "hook", "recorder", "recorder_nocheck", "recorder_minmax")
+VARIANTS = ("none", "hook", "recorder", "recorder_nocheck", "recorder_minmax", "saving")
 BUDGET = 16 * 1024 * 1024
 
 
@@ -58,6 +60,12 @@ def _hook(variant: str, out_dir: str) -> Any:
             steps=50, collections=["gradients", "activations"], loss_spike=None,
             nonfinite=variant != "recorder_nocheck", memory_budget=BUDGET,
             reductions=["min", "max"] if variant == "recorder_minmax" else list(DEFAULT_REDUCTIONS))
+    if variant == "saving":
+        hook = smd.Hook(out_dir=out_dir, save_config=smd.SaveConfig(save_interval=1),
+                        include_collections=["gradients", "activations"],
+                        reduction_config=smd.ReductionConfig(reductions=["min", "max", "mean", "std"],
+                                                             norms=["l2"]))
+        return hook
     hook = smd.Hook(out_dir=out_dir, save_config=smd.SaveConfig(save_interval=1000),
                     include_collections=["losses"], flight_recorder=recorder)
     return hook
