@@ -271,3 +271,21 @@ def test_steps_the_hook_saved_itself_keep_their_files_and_get_the_recorders_reco
         assert np.isfinite(trial.tensor(POISONED).reduction_value(step, "mean"))
     (dump,) = _records(out)[0].dumps
     assert dump.steps_before == list(range(15, 35))
+
+
+def test_after_its_last_dump_the_recorder_stops_recording(tmp_path, caplog):
+    def on_step(hook, step):
+        if step in (5, 20):
+            hook.dump_flight_recorder(f"look at {step}")
+        if step == 25:
+            assert hook.recorder.enabled is False and hook.recorder.ring_bytes == 0
+            assert not hook.step_active  # the callbacks are back to skipping steps
+
+    config = FlightRecorderConfig(steps=3, after_steps=2, max_dumps=1,
+                                  collections=["gradients", "activations", "losses"])
+    out = str(tmp_path / "run")
+    with caplog.at_level(logging.WARNING, logger="mltrace"):
+        train(out, steps=30, poison_step=None, recorder=config, on_step=on_step)
+    (dump,) = _records(out)[0].dumps
+    assert (dump.step, dump.steps_before, dump.steps_after) == (5, [2, 3, 4], [6, 7])
+    assert any("max_dumps" in r.getMessage() for r in caplog.records)

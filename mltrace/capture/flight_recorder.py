@@ -248,7 +248,7 @@ class FlightRecorder:
         self.ring_bytes = 0
         self.current: _Step | None = None
         self.record = FlightRecord(worker)
-        self._losses: dict[str, deque[float]] = {}
+        self._losses: dict[tuple[str, ModeKeys], deque[float]] = {}
         self._armed = True  # the non-finite trigger (disarmed after firing until a finite step)
         self._pending: tuple[str, str] | None = None  # (trigger, reason) to dump at the step's end
         self._after_left = 0
@@ -409,6 +409,13 @@ class FlightRecorder:
             if self._pending is None:
                 if self._record_changed and self._after_left == 0:
                     self.write_record(writer)
+                    if len(self.record.dumps) >= self.config.max_dumps:
+                        # nothing more can be dumped: stop paying for the recording
+                        self.enabled = False
+                        self.ring.clear()
+                        self.ring_bytes = 0
+                        logger.warning("flight recorder: stops recording after %d dumps (max_dumps)",
+                                       len(self.record.dumps))
                 return False
             (kind, reason), first = self._pending, self._first
             self._pending = self._first = None
@@ -503,7 +510,8 @@ class FlightRecorder:
             if not tensor.loss or step.flat is None:
                 continue
             value = float(step.flat[tensor.offset])
-            history = self._losses.setdefault(tensor.name, deque(maxlen=self.config.loss_window))
+            # per mode: an evaluation's loss is not a spike of the training loss
+            history = self._losses.setdefault((tensor.name, step.mode), deque(maxlen=self.config.loss_window))
             if len(history) == history.maxlen and np.isfinite(value):
                 median = statistics.median(history)
                 if median > 0 and value > limit * median and found is None:
