@@ -19,7 +19,7 @@ from mltrace.exceptions import MltraceTypeError, MltraceValueError
 from mltrace.reductions import canonical_name
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class DeviceReductions:
     """The reductions of one tensor, computed on its device and not yet on the host: one 0-d
     tensor per item, stacked together with the step's others when they are moved (one stack
