@@ -46,9 +46,9 @@ DEFAULT_REDUCTIONS = ("min", "max", "mean", "std", "l2")
 #: bytes kept per recorded reduction (a float64) and per recorded tensor (its name and bookkeeping)
 REDUCTION_BYTES = 8
 TENSOR_OVERHEAD_BYTES = 64
-#: a non-finite value of any of these reductions means the tensor held a NaN or an infinity
-#: (min and max propagate NaN; the max of the absolute values is the infinity norm)
-_CHECK_ITEMS = (("min", False), ("max", False), ("max", True))
+#: a non-finite value of either reduction means the tensor held a NaN or an infinity (min and
+#: max propagate NaN); every recorded tensor keeps both
+_CHECK_ITEMS = (("min", False), ("max", False))
 _SCALAR_ITEMS: ReductionItems = [("mean", False)]
 _COUNTS = ("nan_count", "inf_count")
 
@@ -124,16 +124,12 @@ class FlightRecorderConfig:
         parsed = ReductionConfig.from_dict({"reductions": ",".join(self.reductions)})
         assert parsed is not None
         items = parsed.items()
-        return items + [i for i in _CHECK_ITEMS[:2] if i not in items]
+        return items + [i for i in _CHECK_ITEMS if i not in items]
 
     def step_bytes(self, tensors: Iterable[int]) -> int:
         """Bytes one step takes for tensors of these byte sizes."""
-        per = len(self.items) * REDUCTION_BYTES + TENSOR_OVERHEAD_BYTES
+        per = entry_bytes(len(self.items))
         return sum(per + (nbytes if self.raw else 0) for nbytes in tensors)
-
-    def to_json_dict(self) -> dict[str, Any]:
-        """The configuration as the JSON config's ``FlightRecorder`` object."""
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
     @classmethod
     def parse(cls, value: Any, where: str = "flight_recorder") -> FlightRecorderConfig | None:
@@ -160,6 +156,12 @@ class FlightRecorderConfig:
         raise MltraceValueError(
             f"{where}={value!r}: pass a FlightRecorderConfig(steps=50, ...), a dict of its fields, "
             "or True for the defaults")
+
+
+def entry_bytes(reductions: int) -> int:
+    """What the recorder counts for one tensor of one step keeping ``reductions`` values (raw
+    copies come on top)."""
+    return reductions * REDUCTION_BYTES + TENSOR_OVERHEAD_BYTES
 
 
 _INT_FIELDS = ("steps", "after_steps", "memory_budget", "loss_window", "max_dumps")
@@ -239,7 +241,7 @@ class FlightRecorder:
         self._check_positions = [i for i, item in enumerate(self.items) if item in _CHECK_ITEMS]
         self._reduce = adapter.reducer(self.items)
         self._reduce_scalar = adapter.reducer(_SCALAR_ITEMS)
-        self._tensor_bytes = len(self.items) * REDUCTION_BYTES + TENSOR_OVERHEAD_BYTES
+        self._tensor_bytes = entry_bytes(len(self.items))
         #: the recorded collections, resolved by :meth:`resolve` when the hook prepares
         self.collections: frozenset[Collection] = frozenset()
         self.enabled = True
@@ -352,7 +354,7 @@ class FlightRecorder:
         step.tensors.append(_Tensor(name, _SCALAR_ITEMS, True, loss, step.size, shape, dtype))
         step.started.append(self._reduce_scalar(value))
         step.size += 1
-        step.nbytes += REDUCTION_BYTES + TENSOR_OVERHEAD_BYTES
+        step.nbytes += entry_bytes(1)
 
     def _kind(self, colls: Any) -> tuple[Any, bool, bool, bool]:
         """(colls, recorded, of a scalar collection, of the losses collection)."""
@@ -385,20 +387,17 @@ class FlightRecorder:
                     if self._request("loss_spike", spike):
                         # the loss takes a while to settle after a spike: one dump per spike
                         self._spike_quiet_until = step.step + self.config.loss_window
-            if self._after_left > 0 or self._pending is not None:
-                self._to_host(step)
+            keep = self._after_left > 0 or self._pending is not None
+            if keep or saved:
                 write_current(self._records(step))
-                if self._pending is None and self._dump is not None:
-                    self._dump.steps_after.append(step.step)
-                    self._after_left -= 1
-                    self._record_changed = True
-            else:
-                if saved:
-                    self._to_host(step)
-                    write_current(self._records(step))
-                    step.saved = True
+            if not keep:
+                step.saved = saved
                 step.started = self.adapter.pack_reductions(step.started)
                 self._push(step)
+            elif self._pending is None and self._dump is not None:
+                self._dump.steps_after.append(step.step)
+                self._after_left -= 1
+                self._record_changed = True
 
     def dump_pending(self, writer: TrialWriter | None) -> bool:
         """Between steps (no step file open): write the ring's steps if a trigger is pending, and
@@ -411,9 +410,7 @@ class FlightRecorder:
                     self.write_record(writer)
                     if len(self.record.dumps) >= self.config.max_dumps:
                         # nothing more can be dumped: stop paying for the recording
-                        self.enabled = False
-                        self.ring.clear()
-                        self.ring_bytes = 0
+                        self._stop_recording()
                         logger.warning("flight recorder: stops recording after %d dumps (max_dumps)",
                                        len(self.record.dumps))
                 return False
@@ -531,14 +528,18 @@ class FlightRecorder:
                     "FlightRecorderConfig(memory_budget=%d); raise the budget (for %d steps: %d) or "
                     "record fewer collections%s", step.nbytes, budget, self.config.steps,
                     step.nbytes * self.config.steps, " or pass raw=False" if self.config.raw else "")
-            self.enabled = False
-            self.ring.clear()
-            self.ring_bytes = 0
+            self._stop_recording()
             return
         self.ring.append(step)
         self.ring_bytes += step.nbytes
         while len(self.ring) > self.config.steps or self.ring_bytes > budget:
             self.ring_bytes -= self.ring.popleft().nbytes
+
+    def _stop_recording(self) -> None:
+        """Record nothing more and free the ring (the hook's callbacks skip steps again)."""
+        self.enabled = False
+        self.ring.clear()
+        self.ring_bytes = 0
 
     def _write_ring(self, writer: TrialWriter) -> list[int]:
         steps, self.ring = list(self.ring), deque()

@@ -105,8 +105,7 @@ class SavePlan:
             if saving_all or name in self.include_collections:
                 self.saved.append(coll)
         self._warn_missing()
-        self.watched = self.saved + [c for c in self._recorded if c not in self.saved]
-        self._members.clear()
+        self._rewatch()
         watched = (c.effective_save_config().watched_nan_tensors() for c in self.saved)
         self.nan_watch = frozenset(set().union(*watched) | self.save_config.watched_nan_tensors())
         self.prepared = True
@@ -117,6 +116,11 @@ class SavePlan:
         not they are saved: :meth:`collections_of` returns them, :meth:`due_for` never does
         unless they are saved and due."""
         self._recorded = list(recorded)
+        self._rewatch()
+
+    def _rewatch(self) -> None:
+        """``watched``: the saved collections, then the recorded ones not saved; memberships
+        are looked up afresh."""
         self.watched = self.saved + [c for c in self._recorded if c not in self.saved]
         self._members.clear()
 
