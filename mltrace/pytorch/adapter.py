@@ -237,24 +237,18 @@ class TorchAdapter(Adapter):
 
     def reductions_to_flat(self, started: list[Any]) -> np.ndarray:
         """A step's reductions in one device-to-host copy, when all of them wait on one device."""
-        if started and all(type(s) is DeviceReductions for s in started):
-            try:
-                values = stack_parts(started, float64=False)
-            except RuntimeError:  # on several devices
-                return super().reductions_to_flat(started)
-            return self._to_host(values).astype(np.float64, copy=False)
-        return super().reductions_to_flat(started)
+        values = _stacked_on_one_device(started)
+        if values is None:
+            return super().reductions_to_flat(started)
+        return self._to_host(values).astype(np.float64, copy=False)
 
     def pack_reductions(self, started: list[Any]) -> list[Any]:
         """A step's reductions as one tensor on their device (one object to keep, not one per
         reduction), when all wait on one device."""
-        if len(started) > 1 and all(type(s) is DeviceReductions for s in started):
-            try:
-                values = stack_parts(started, float64=False)
-            except RuntimeError:  # on several devices: kept as they are
-                return started
-            return [DeviceReductions([n for s in started for n in s.names], [], values)]
-        return started
+        values = _stacked_on_one_device(started) if len(started) > 1 else None
+        if values is None:
+            return started
+        return [DeviceReductions([n for s in started for n in s.names], [], values)]
 
     def _to_host(self, values: torch.Tensor) -> np.ndarray:
         """Copy reductions to the host (counted in ``host_transfers``)."""
@@ -678,6 +672,18 @@ class TorchAdapter(Adapter):
         self.optimizer_steps.remove()
         if self.scaler is not None:
             self.scaler.remove()
+
+
+def _stacked_on_one_device(started: list[Any]) -> torch.Tensor | None:
+    """The results of ``started`` stacked in their own dtype, or None when some are not
+    DeviceReductions or they are on several devices (torch refuses to stack those; asking each
+    tensor its device would cost a microsecond per tensor)."""
+    if not started or not all(type(s) is DeviceReductions for s in started):
+        return None
+    try:
+        return stack_parts(started, float64=False)
+    except RuntimeError:
+        return None
 
 
 def _by_device(pending: list[DeviceReductions]) -> list[list[DeviceReductions]]:
