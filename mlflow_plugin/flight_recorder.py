@@ -18,7 +18,7 @@ from dataclasses import asdict
 from typing import Any
 
 from mlflow_plugin import _keys
-from mltrace.format.flight_record import Dump, FlightRecord
+from mltrace.format.flight_record import Dump, FlightRecord, earliest_first_nonfinite
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def summary_entry(trial: Any) -> dict[str, Any]:
     none, and the summary never fails for want of them."""
     try:
         records = trial.flight_records()
-        first = trial.first_nonfinite()
+        first = earliest_first_nonfinite(records)
     except Exception as exc:
         logger.debug("no flight recorder records in the summary: %s", exc)
         return {"first_nonfinite": None, "dumps": []}

@@ -62,11 +62,14 @@ def _info(args: argparse.Namespace) -> int:
 
 def _print_flight_recorder(trial: Trial) -> None:
     """The first non-finite tensor and the flight recorder's dumps, when the trial has them."""
-    first = trial.first_nonfinite()
+    from mltrace.format.flight_record import earliest_first_nonfinite
+
+    records = trial.flight_records()
+    first = earliest_first_nonfinite(records)
     if first is not None:
         print(f"  first non-finite tensor: {first.tensor} at step {first.step} "
               f"({first.mode} {first.mode_step}), {first.worker}, {first.phase} pass")
-    for record in trial.flight_records():
+    for record in records:
         for dump in record.dumps:
             written = sorted({*dump.steps_before, *dump.steps_after})
             print(f"  flight recorder dump at step {dump.step} ({record.worker}): {dump.trigger}, "

@@ -15,6 +15,7 @@ from typing import Any
 
 from mltrace.exceptions import MltraceError
 from mltrace.format import paths
+from mltrace.format.flight_record import earliest_first_nonfinite
 from mltrace.rules.results import (
     ERROR,
     IN_PROGRESS,
@@ -122,9 +123,10 @@ def flight_recorder(trial: Trial) -> dict[str, Any]:
     """The flight recorder's part of the panel: ``first_nonfinite`` (the earliest over the
     workers, or None) and ``dumps`` of every worker, oldest first, each with its trigger,
     reason, step (global, and mode step) and the steps it wrote before and after the trigger."""
-    first = trial.first_nonfinite()
+    records = trial.flight_records()
+    first = earliest_first_nonfinite(records)
     dumps = []
-    for record in trial.flight_records():
+    for record in records:
         for dump in record.dumps:
             dumps.append({
                 "worker": record.worker, "trigger": dump.trigger, "reason": dump.reason,

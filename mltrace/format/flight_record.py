@@ -131,7 +131,13 @@ def read_records(storage: Any) -> list[FlightRecord]:
 
 def first_nonfinite(storage: Any) -> FirstNonFinite | None:
     """The earliest first non-finite tensor over the trial's workers (lowest step, then worker)."""
-    found = [r.first_nonfinite for r in read_records(storage) if r.first_nonfinite is not None]
+    return earliest_first_nonfinite(read_records(storage))
+
+
+def earliest_first_nonfinite(records: list[FlightRecord]) -> FirstNonFinite | None:
+    """The earliest first non-finite tensor of ``records`` (lowest step, then worker): for
+    callers that read the records anyway (one read of the files, not two)."""
+    found = [r.first_nonfinite for r in records if r.first_nonfinite is not None]
     return min(found, key=lambda f: (f.step, f.worker)) if found else None
 
 
