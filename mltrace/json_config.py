@@ -25,7 +25,7 @@ import difflib
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -201,6 +201,10 @@ def parse_hook_config(doc: Mapping[str, Any], path: str = "<dict>",
     """Turn a parsed JSON config into a HookConfig (``save_defaults``: the adapter's default
     save keys, used where the file leaves one out; smdebug's ``default_values``).
 
+    The sections are read in the file's order of importance: the ``strict`` flag first (it
+    decides how unknown keys are met), then HookParameters and LocalPath, then each collection,
+    then the FlightRecorder.
+
     Raises:
         MltraceValueError: unknown keys or invalid values, naming key, value and fix.
     """
@@ -212,6 +216,19 @@ def parse_hook_config(doc: Mapping[str, Any], path: str = "<dict>",
     if not isinstance(params, Mapping):
         raise MltraceValueError(f"{path}: HookParameters must be an object, got {params!r}")
     _check_keys(params, HOOK_KEYS, f"{path} HookParameters", strict)
+    kwargs = {"out_dir": _out_dir(doc, path),
+              **_hook_kwargs(params, f"{path} HookParameters", save_defaults)}
+    collections = dict(_collection_settings(doc, params, path, strict, save_defaults))
+    kwargs["include_collections"] = list(collections) or None
+    if doc.get("FlightRecorder") is not None:
+        kwargs["flight_recorder"] = FlightRecorderConfig.parse(doc["FlightRecorder"],
+                                                               f"{path} FlightRecorder")
+    return HookConfig(hook_kwargs=kwargs, collections=collections, path=path)
+
+
+def _out_dir(doc: Mapping[str, Any], path: str) -> str:
+    """LocalPath, the hook's out_dir: required, a string (a near miss such as ``localPath`` is
+    named in the error, since its section would otherwise be dropped silently)."""
     out_dir = doc.get("LocalPath")
     if not out_dir:
         meant = [k for k in doc if _close_top_level_key(k) == "LocalPath"]
@@ -221,8 +238,13 @@ def parse_hook_config(doc: Mapping[str, Any], path: str = "<dict>",
                ": add \"LocalPath\": \"/path/to/out_dir\""))
     if not isinstance(out_dir, str):
         raise MltraceValueError(f"{path}: LocalPath={out_dir!r} must be a string, the hook's out_dir")
-    kwargs: dict[str, Any] = {"out_dir": out_dir}
-    where = f"{path} HookParameters"
+    return out_dir
+
+
+def _hook_kwargs(params: Mapping[str, Any], where: str,
+                 save_defaults: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The hook constructor's arguments that HookParameters sets (only the keys it holds)."""
+    kwargs: dict[str, Any] = {}
     for flag in ("save_all", "export_tensorboard", "dry_run", "strict"):
         if flag in params:
             kwargs[flag] = parse_flag(f"{where}.{flag}", params[flag])
@@ -233,22 +255,30 @@ def parse_hook_config(doc: Mapping[str, Any], path: str = "<dict>",
     if params.get("tensorboard_dir"):
         kwargs["tensorboard_dir"] = str(params["tensorboard_dir"])
     if "mlflow" in params:
-        # true/false (also as strings), or the options object (also as a JSON string).
-        value = params["mlflow"]
-        if isinstance(value, str) and value.strip().startswith("{"):
-            try:
-                value = json.loads(value)
-            except ValueError as exc:
-                raise MltraceValueError(f"{where}.mlflow={value!r} is not a JSON object: {exc}") from None
-        kwargs["mlflow"] = dict(value) if isinstance(value, Mapping) else parse_flag(f"{where}.mlflow", value)
+        kwargs["mlflow"] = _mlflow_option(params["mlflow"], f"{where}.mlflow")
     save_config = _save_config_from([params], where, save_defaults)
     if save_config is not None:
         kwargs["save_config"] = save_config
     reduction_config = _reduction_config_from(params, where)
     if reduction_config is not None:
         kwargs["reduction_config"] = reduction_config
+    return kwargs
 
-    collections: dict[str, dict[str, Any]] = {}
+
+def _mlflow_option(value: Any, where: str) -> bool | dict[str, Any]:
+    """``mlflow``: true/false (also as strings), or the options object (also as a JSON string)."""
+    if isinstance(value, str) and value.strip().startswith("{"):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise MltraceValueError(f"{where}={value!r} is not a JSON object: {exc}") from None
+    return dict(value) if isinstance(value, Mapping) else parse_flag(where, value)
+
+
+def _collection_settings(doc: Mapping[str, Any], params: Mapping[str, Any], path: str,
+                         strict: bool, save_defaults: Mapping[str, Any] | None,
+                         ) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Each CollectionConfigurations entry: its name and the settings to apply to it."""
     entries = doc.get("CollectionConfigurations") or []
     if not isinstance(entries, list):
         raise MltraceValueError(
@@ -266,23 +296,24 @@ def parse_hook_config(doc: Mapping[str, Any], path: str = "<dict>",
         if not isinstance(cparams, Mapping):
             raise MltraceValueError(f"{cwhere}: CollectionParameters must be an object, got {cparams!r}")
         _check_keys(cparams, COLLECTION_KEYS, cwhere, strict)
-        settings: dict[str, Any] = {}
-        if "include_regex" in cparams:
-            settings["include_regex"] = _split(cparams["include_regex"])
-        if "save_histogram" in cparams:
-            settings["save_histogram"] = parse_flag(f"{cwhere}.save_histogram", cparams["save_histogram"])
-        # Per-collection save keys inherit unspecified values from HookParameters, per mode.
-        if any(k.split(".")[-1] in _SAVE_KEYS for k in cparams):
-            settings["save_config"] = _save_config_from([params, cparams], cwhere, save_defaults)
-        reduction = _reduction_config_from(cparams, cwhere)
-        if reduction is not None:
-            settings["reduction_config"] = reduction
-        collections[name] = settings
-    kwargs["include_collections"] = list(collections) or None
-    if doc.get("FlightRecorder") is not None:
-        kwargs["flight_recorder"] = FlightRecorderConfig.parse(doc["FlightRecorder"],
-                                                               f"{path} FlightRecorder")
-    return HookConfig(hook_kwargs=kwargs, collections=collections, path=path)
+        yield name, _one_collection(params, cparams, cwhere, save_defaults)
+
+
+def _one_collection(params: Mapping[str, Any], cparams: Mapping[str, Any], where: str,
+                    save_defaults: Mapping[str, Any] | None) -> dict[str, Any]:
+    """One collection's settings from its CollectionParameters; its save keys inherit what they
+    leave out from HookParameters, mode by mode, as smdebug's did."""
+    settings: dict[str, Any] = {}
+    if "include_regex" in cparams:
+        settings["include_regex"] = _split(cparams["include_regex"])
+    if "save_histogram" in cparams:
+        settings["save_histogram"] = parse_flag(f"{where}.save_histogram", cparams["save_histogram"])
+    if any(k.split(".")[-1] in _SAVE_KEYS for k in cparams):
+        settings["save_config"] = _save_config_from([params, cparams], where, save_defaults)
+    reduction = _reduction_config_from(cparams, where)
+    if reduction is not None:
+        settings["reduction_config"] = reduction
+    return settings
 
 
 def create_hook_from_config(cls: Any, json_file_path: str | None = None,
