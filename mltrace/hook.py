@@ -11,36 +11,29 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-import numpy as np
-
 from mltrace._logging import configure_from_env
 from mltrace.capture.adapter import Adapter, as_numpy
+from mltrace.capture.carried import CarriedValues
 from mltrace.capture.checkpoint import CheckpointState
 from mltrace.capture.clock import StepClock
 from mltrace.capture.errors import ErrorPolicy, guarded
-from mltrace.capture.flight_recorder import FlightRecorder, check_collections, watch_exceptions
+from mltrace.capture.flight_recorder import watch_exceptions
 from mltrace.capture.nan_watch import NanWatch
 from mltrace.capture.options import HookOptions
-from mltrace.capture.out_dir import OutDirGuard
+from mltrace.capture.out_dir import OutDirGuard, open_out_dir
 from mltrace.capture.outputs import Outputs
 from mltrace.capture.plan import SavePlan
+from mltrace.capture.recording import Recording
 from mltrace.capture.stop import StopSignal
 from mltrace.collections import Collection, CollectionKeys, CollectionManager
 from mltrace.config import ReductionConfig, SaveConfig, name_list
-from mltrace.exceptions import (
-    MltraceRuntimeError,
-    MltraceTypeError,
-    MltraceValueError,
-    StopTrainingRequested,
-)
+from mltrace.exceptions import MltraceTypeError, MltraceValueError, StopTrainingRequested
 from mltrace.format import SCALAR_PREFIX, paths
 from mltrace.modes import ModeKeys
-from mltrace.storage import open_storage
 from mltrace.tensorboard_export import resolve_tensorboard_dir
 
 logger = logging.getLogger(__name__)
@@ -126,81 +119,40 @@ class Hook:
         self.errors = ErrorPolicy(options.strict, self._stop_saving)
         self.tensorboard_dir = resolve_tensorboard_dir(
             options.out_dir, options.export_tensorboard, options.tensorboard_dir)
-        if self.tensorboard_dir:
-            open_storage(self.tensorboard_dir)  # a location no backend handles fails here, clearly
-        self.storage = open_storage(options.out_dir)
-        self._check_out_dir()
+        self.storage = open_out_dir(options.out_dir, self.tensorboard_dir, options.dry_run)
         self.save_config = options.hook_save_config(default_save_config)
         self.reduction_config = options.hook_reduction_config()
         self.plan = SavePlan(collection_manager or CollectionManager(),
-                             self._included(options, default_include_collections, default_saved_collections),
+                             options.included(default_include_collections, default_saved_collections),
                              self.save_config, self.reduction_config,
                              self.adapter.builtin_collections, self.adapter.is_member)
-        self._include_special_collections(options)
+        if options.include_regex:
+            self.plan.include_pattern(CollectionKeys.DEFAULT, options.include_regex)
+        if options.save_all:
+            self.plan.include_pattern(CollectionKeys.ALL, ".*")
         self.clock = StepClock()
         self.nan_watch = NanWatch()
-        self.outputs = Outputs(self.storage, self.tensorboard_dir, options.strict, self.adapter,
-                               self.clock, lambda: self.collection_manager.to_json())
+        self.outputs = Outputs(self.storage, self.tensorboard_dir, options.strict, self.adapter, self.clock,
+                               lambda: self.collection_manager.to_json(), OutDirGuard.of(self.storage, options.dry_run))
         self.stop = StopSignal(self.storage, options.stop_check_interval)
-        #: The flight recorder (mltrace.capture.flight_recorder), if the options ask for one.
-        self.recorder = self._make_recorder(options)
+        #: The flight recorder and its links to the hook's parts, if the options ask for one.
+        self.recording = Recording.from_options(options, self.adapter, self.plan, self.stop, lambda: self.sinks)
+        if self.recording is not None and options.flight_recorder.on_exception:  # type: ignore[union-attr]
+            watch_exceptions(self)
         self.step_active = False  # the fast-path flag adapters test before doing any work
         #: True once the current step's files are written (see end_step).
         self.step_written = False
         self.worker, self.num_workers = paths.DEFAULT_WORKER_NAME, 1
-        #: save_tensor values waiting for the next step: name -> (value, collections).
-        self._carried: dict[str, tuple[np.ndarray, list[str]]] = {}
+        self.carried = CarriedValues()  # save_tensor values waiting for the next step
         self._closed = False
-        self.out_dir_guard = OutDirGuard(
-            None if options.dry_run else os.path.dirname(self.storage.local_path(paths.END_OF_JOB_MARKER) or "")
-            or None)
         #: smdebug's checkpoint support: steps continue after a restarted job's checkpoint.
         self.checkpoint = None if options.dry_run else CheckpointState.from_env()
         if options.sinks and not options.dry_run:
-            from mltrace import plugins  # entry points are read only by hooks that log somewhere
-
-            self.outputs.sinks.extend(plugins.create_sink(name, self, sink_options)
-                                      for name, sink_options in options.sinks.items())
+            self.outputs.add_sinks(options.sinks, self)
         self.adapter.attach(self)
         _current_hook = self
         atexit.register(_close_at_exit, weakref.ref(self))
         logger.info("mltrace hook writing to %s, saving collections %s", options.out_dir, self.include_collections)
-
-    def _make_recorder(self, options: HookOptions) -> FlightRecorder | None:
-        config = options.flight_recorder
-        if config is None or options.dry_run:
-            return None
-        assert not isinstance(config, (dict, bool))
-        if config.collections is not None:
-            check_collections(config.collections, self.collection_manager.get_collections())
-        recorder = FlightRecorder(config, self.adapter)
-        recorder.on_dump = self._tell_sinks_of_dump
-        self.stop.watch_dump_requests = True
-        if config.on_exception:
-            watch_exceptions(self)
-        return recorder
-
-    def _check_out_dir(self) -> None:
-        if self.options.dry_run:
-            return
-        check_local_out_dir(self.options.out_dir, self.storage.local_path(paths.END_OF_JOB_MARKER))
-        if self.storage.exists(paths.END_OF_JOB_MARKER):
-            raise MltraceRuntimeError(
-                f"out_dir {self.options.out_dir!r} holds a finished run ({paths.END_OF_JOB_MARKER} "
-                "exists): use a new out_dir, or delete that one to overwrite it")
-
-    @staticmethod
-    def _included(options: HookOptions, default_include: Iterable[str], always: Iterable[str]) -> list[str]:
-        names = list(default_include) if options.include_collections is None else list(options.include_collections)
-        return names + list(always)
-
-    def _include_special_collections(self, options: HookOptions) -> None:
-        if options.include_regex:
-            self.collection_manager.get(CollectionKeys.DEFAULT).include(options.include_regex)
-            self.plan.include(CollectionKeys.DEFAULT)
-        if options.save_all:
-            self.collection_manager.get(CollectionKeys.ALL).include(".*")
-            self.plan.include(CollectionKeys.ALL)
 
     # -- settings, read-only views --------------------------------------------------------------
     out_dir = property(lambda self: self.options.out_dir, doc="Where the trial is written.")
@@ -222,6 +174,8 @@ class Hook:
     mode = property(lambda self: self.clock.mode, doc="The mode of the current step.")
     mode_steps = property(lambda self: self.clock.mode_steps, doc="Each mode's step.")
     stop_requested = property(lambda self: self.stop.requested, doc="A rule's stop signal, or None.")
+    recorder = property(lambda self: self.recording.recorder if self.recording is not None else None,
+                        doc="The flight recorder (mltrace.capture.flight_recorder), or None.")
 
     # -- collections ----------------------------------------------------------------------------
     def get_collection(self, name: str, create: bool = True) -> Collection:
@@ -253,9 +207,8 @@ class Hook:
     def _prepare(self) -> None:
         self.adapter.on_prepare()
         self.plan.prepare()
-        if self.recorder is not None:
-            self.plan.watch(self.recorder.resolve(self.plan.saved,
-                                                  self.collection_manager.get_collections()))
+        if self.recording is not None:
+            self.recording.prepare()
         self.nan_watch.watched = self.plan.nan_watch
         self.adapter.on_prepared()
 
@@ -265,10 +218,9 @@ class Hook:
         if self.dry_run or not (self.include_workers == "all" or chief):
             return
         self.collection_manager.num_workers = self.num_workers if self.include_workers == "all" else 1
-        self.out_dir_guard.claim()
         self.outputs.open(self.worker, chief)
-        if self.recorder is not None:
-            self.recorder.worker = self.recorder.record.worker = self.worker
+        if self.recording is not None:
+            self.recording.opened(self.worker)
 
     def begin_step(self, step: int | None = None) -> None:
         """Close the previous step and start the next one: adapters call this at a step boundary.
@@ -282,8 +234,8 @@ class Hook:
         if not self.step_written:
             self.end_step()
         self.prepare()
-        if self.checkpoint is not None:
-            self._checkpoint_boundary(counted=step is None)
+        if self.checkpoint is not None:  # smdebug's checkpoint support (mltrace.capture.checkpoint)
+            self.checkpoint.step_boundary(self.clock, counted=step is None, step_saved=self.step_active)
         self.clock.advance(step)
         due = self._decide_due()
         self.step_written = False
@@ -291,44 +243,20 @@ class Hook:
         self.outputs.begin_step(open_files=due)
         if self.writer is not None:
             self.stop.poll()
-            if self.recorder is not None:
-                self._begin_recording()
-        carried, self._carried = self._carried, {}
-        for name, (value, collections) in carried.items():
+            if self.recording is not None:
+                self.recording.begin_step(self.clock.step, self.clock.mode, self.clock.mode_step)
+        for name, value, collections in self.carried.take():
             self._save_tensor(name, value, collections)
         self.adapter.on_step_begin()
-
-    def _checkpoint_boundary(self, counted: bool) -> None:
-        """smdebug's checkpoint support (mltrace.capture.checkpoint): before the first counted
-        step, continue a restarted job's steps; between steps, record the state when a new
-        checkpoint appeared. Steps numbered by the framework (XGBoost's rounds) keep them."""
-        assert self.checkpoint is not None
-        if self.step_active and self.clock.started:
-            self.checkpoint.last_saved_step = self.clock.step
-        if self.checkpoint.to_restore and not self.clock.started:
-            if counted:
-                self.checkpoint.restore(self.clock)
-            self.checkpoint.to_restore = False
-            return
-        self.checkpoint.at_boundary(self.clock)
 
     def _decide_due(self) -> bool:
         """Ask the save plan what is due at the current step; set the adapters' fast-path flag
         (also on for the NaN watch and a flight recorder, which look at every step). True if
         something is due."""
         due = self.plan.begin(self.clock.mode, self.clock.mode_step)
-        recording = self.recorder is not None and self.recorder.enabled and self.writer is not None
+        recording = self.recording is not None and self.recording.active and self.writer is not None
         self.step_active = due or bool(self.plan.nan_watch) or recording
         return due
-
-    def _begin_recording(self) -> None:
-        assert self.recorder is not None
-        request, self.stop.dump_request = self.stop.dump_request, None
-        if request is not None:
-            asked = f"rule {request.rule}" if request.rule else "mltrace dump"
-            self.recorder.trigger("rule" if request.rule else "manual",
-                                  f"{asked} asked for a dump" + (f": {request.reason}" if request.reason else ""))
-        self.recorder.begin_step(self.clock.step, self.clock.mode, self.clock.mode_step)
 
     def end_step(self) -> None:
         """Write what the current step collected and close its files. Values saved after this and
@@ -343,17 +271,12 @@ class Hook:
             logger.info("NaN seen at step %d: saving %d watched tensors", self.step, len(held))
         for name, array, colls in held:
             self.outputs.write_tensor(name, array, array, colls, on_host=True)
-        if (self.writer.step_open or self.outputs.pending_scalars) and self.out_dir_guard.replaced():
-            self._leave_replaced_out_dir()
-        recorder = self.recorder if self.writer is not None else None
-        if recorder is not None:
-            self.outputs.write_pending()  # the step's own reductions first: the recorder's skip them
-            # a step the hook writes itself takes the recorder's records now (a dump must
-            # never write it again: that would replace its file and lose what it saved)
-            recorder.end_step(self.outputs.write_records, saved=self.writer.step_open)
-        self.outputs.end_step()
-        if recorder is not None:
-            recorder.dump_pending(self.writer)
+        if self.writer.step_open or self.outputs.pending_scalars:
+            self._out_dir_replaced()
+        if self.recording is not None and self.writer is not None:
+            self.recording.end_step(self.outputs, self.writer)
+        else:
+            self.outputs.end_step()
         self.step_active = False
         self.step_written = True
 
@@ -370,19 +293,10 @@ class Hook:
             if array is not None:
                 self.nan_watch.observe(name, array)
         elif self.plan.nan_watch:
-            self._watch_nan(name, value, colls)
+            self.nan_watch.observe_unsaved(name, value, colls, self.clock.mode, self.adapter.to_numpy)
         recorder = self.recorder
         if recorder is not None and recorder.current is not None:
             recorder.observe(name, value, colls)
-
-    def _watch_nan(self, name: str, value: Any, colls: tuple[Collection, ...]) -> None:
-        saving = self.nan_watch.saving_on_nan(colls, self.clock.mode)
-        if name not in self.nan_watch.watched and not saving:
-            return
-        array = self.adapter.to_numpy(value)
-        self.nan_watch.observe(name, array)
-        if saving:
-            self.nan_watch.hold(name, array, saving)
 
     @guarded(user_facing=True)
     def save_scalar(self, name: str, value: Any, sm_metric: bool = False, timestamp: float | None = None) -> None:
@@ -418,11 +332,7 @@ class Hook:
                 for cname in names:
                     self.get_collection(cname).add_tensor_name(tensor_name)
                     self.plan.include(cname)
-            try:  # a copy: the caller may change the array before the next step
-                self._carried[tensor_name] = (
-                    np.array(self.adapter.to_numpy(tensor_value), copy=True, subok=True), names)
-            except MltraceTypeError as exc:
-                logger.warning("not saving tensor %r: %s", tensor_name, exc)
+            self.carried.hold(tensor_name, tensor_value, names, self.adapter.to_numpy)
             return
         self._save_tensor(tensor_name, tensor_value, names)
 
@@ -447,16 +357,9 @@ class Hook:
         Raises:
             mltrace.exceptions.MltraceValueError: the sink is attached already, or bad options.
         """
-        if name in self.options.sinks:
-            raise MltraceValueError(f"the hook logs to {name!r} already; add a sink once")
-        self.options.sinks[name] = dict(options)
-        if name == "mlflow":
-            self.options.mlflow = dict(options) or True
-        if self.dry_run:
-            return
-        from mltrace import plugins
-
-        self.outputs.sinks.append(plugins.create_sink(name, self, dict(options)))
+        self.options.add_sink(name, options)
+        if not self.dry_run:
+            self.outputs.add_sinks({name: options}, self)
 
     def stop_training_error(self) -> StopTrainingRequested:
         """Close the trial and return the exception that ends the user's loop (a rule asked)."""
@@ -480,15 +383,8 @@ class Hook:
             return
         if self.clock.started and not self.step_written:
             self.end_step()
-        if self.writer is None:  # end_step found the out_dir replaced
-            return
-        if self.out_dir_guard.replaced():
-            self._leave_replaced_out_dir()
-            return
-        self.outputs.write_collections()
-        self.writer.flush()
-        if self.tensorboard is not None:
-            self.tensorboard.flush()
+        if not self._out_dir_replaced():
+            self.outputs.flush()
         if self.strict:
             self.outputs.raise_write_failure()
 
@@ -500,12 +396,8 @@ class Hook:
         Raises:
             mltrace.exceptions.MltraceValueError: the budget is too small for one step.
         """
-        if self.recorder is None:
-            return
-        names = self.recorder.config.collections or self.plan.include_collections
-        known = self.collection_manager.get_collections()
-        colls = [known[n] for n in names if n in known]
-        self.recorder.check_budget(tensors, lambda name: any(self.adapter.is_member(c, name) for c in colls))
+        if self.recording is not None:
+            self.recording.check_budget(tensors, self.adapter)
 
     @guarded(user_facing=True)
     def dump_flight_recorder(self, reason: str = "asked by hand") -> None:
@@ -515,12 +407,11 @@ class Hook:
         Raises:
             mltrace.exceptions.MltraceValueError: the hook has no flight recorder.
         """
-        if self.recorder is None:
+        if self.recording is None:
             raise MltraceValueError(
                 "dump_flight_recorder: this hook has no flight recorder; pass "
                 "flight_recorder=FlightRecorderConfig(steps=50) to the hook")
-        if self.recorder.trigger("manual", str(reason)) and (self.step_written or not self.step_active):
-            self.recorder.dump_pending(self.writer)
+        self.recording.dump(reason, self.step_written or not self.step_active, self.writer)
 
     def flight_recorder_exception(self, reason: str) -> None:
         """An exception escaped the training script (see watch_exceptions): dump at the
@@ -528,35 +419,12 @@ class Hook:
         if self.recorder is not None and not self._closed and not self.disabled:
             self.recorder.trigger("exception", reason)
 
-    def _tell_sinks_of_dump(self, record: Any, dump: Any) -> None:
-        """Sinks that show dumps (MLflow's tags) hear of each; a sink's failure is logged."""
-        for sink in self.sinks:
-            told = getattr(sink, "flight_recorder_dumped", None)
-            if told is None:
-                continue
-            try:
-                told(record, dump)
-            except Exception as exc:
-                if self.strict:
-                    raise
-                logger.error("sink %r could not record the flight recorder's dump: %s", sink, exc)
-
-    def _leave_replaced_out_dir(self) -> None:
-        """The out_dir was deleted (and maybe made again for another run) since this hook began
-        writing: write nothing more there (see mltrace.capture.out_dir)."""
-        logger.warning(
-            "out_dir %s was deleted or replaced since this hook began writing into it: the hook "
-            "writes nothing more there (not its last steps, not the end marker), so another run's "
-            "trial in that folder stays intact. Close a hook (hook.close()) before reusing its "
-            "out_dir.", self.out_dir)
-        writer, tensorboard = self.writer, self.tensorboard
-        self.outputs.writer = self.outputs.tensorboard = None
-        self.outputs.pending_scalars.clear()
-        self.step_active = False
-        if writer is not None:
-            writer.discard()
-        if tensorboard is not None:
-            tensorboard.discard()
+    def _out_dir_replaced(self) -> bool:
+        """True if the out_dir was deleted (and maybe made again for another run) since this hook
+        began writing, or nothing is being written: then nothing more is (mltrace.capture.out_dir)."""
+        if self.outputs.abandon_if_replaced(self.out_dir):
+            self.step_active = False
+        return self.writer is None
 
     def close(self) -> None:
         """Write the last step, the collections and the end marker; also runs at interpreter exit.
@@ -569,19 +437,15 @@ class Hook:
         """
         if self._closed:
             return
-        writer, tensorboard = self.writer, self.tensorboard
         try:
             if not self.disabled:
                 self._finish(write_end_marker=True)
         finally:
             self._closed = True
-            self.out_dir_guard.release()
+            self.outputs.guard.release()
             self.adapter.on_closed()
         if self.strict:
-            for failed in (writer, tensorboard):
-                failure = failed.failures.take() if failed is not None else None
-                if failure is not None:
-                    raise failure
+            self.outputs.raise_write_failure(closed=True)
 
     def _stop_saving(self, reason: str) -> None:
         """The error policy's reaction to an internal error: close what was written, no end marker."""
@@ -590,16 +454,13 @@ class Hook:
 
     def _finish(self, write_end_marker: bool) -> None:
         try:
-            if self.writer is not None and self.out_dir_guard.replaced():
-                self._leave_replaced_out_dir()
-            if self.writer is not None:
+            if not self._out_dir_replaced():
                 self.adapter.on_finish()
-                if self.step_written and (self.outputs.pending_scalars or self._carried):
+                if self.step_written and (self.outputs.pending_scalars or self.carried):
                     self.begin_step()  # saved after the last step's files: one step more
                 self.end_step()
-                if self.recorder is not None and self.writer is not None:
-                    self.recorder.dump_pending(self.writer)  # a dump asked for after the last step
-                    self.recorder.write_record(self.writer)
+                if self.recording is not None and self.writer is not None:
+                    self.recording.finish(self.writer)
             self.outputs.finish(write_end_marker)
         finally:
             # Sinks close last, also when nothing was written: they upload the trial's files
@@ -651,26 +512,6 @@ def check_tensor_name(name: Any, what: str = "tensor name") -> str:
             "that character, e.g. name.encode('utf-8', 'replace').decode()"
         ) from None
     return name
-
-
-def check_local_out_dir(out_dir: str, marker_path: str | None) -> None:
-    """Fail at construction, not at the first write, when a local out_dir cannot hold a trial:
-    it (or the nearest existing folder above it) is a file, or this process may not write there.
-    ``marker_path`` is a file's path inside out_dir (None for remote storage: not checked)."""
-    if marker_path is None:
-        return
-    root = probe = os.path.dirname(marker_path)
-    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
-        probe = os.path.dirname(probe)
-    if not os.path.isdir(probe):
-        where = "is a file" if probe == root else f"is inside {probe!r}, which is a file"
-        raise MltraceValueError(f"out_dir {out_dir!r} {where}: pass the path of a directory (new or existing)")
-    effective = os.access in os.supports_effective_ids
-    if not os.access(probe, os.W_OK | os.X_OK, effective_ids=effective):
-        raise MltraceValueError(
-            f"out_dir {out_dir!r} cannot be written: this process (uid {os.geteuid()}) may not create "
-            f"files in {probe!r}; pass a directory you can write to, or fix its permissions"
-        )
 
 
 # The hook's reduction configuration type, re-exported for adapters' signatures.

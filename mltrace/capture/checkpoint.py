@@ -133,6 +133,20 @@ class CheckpointState:
         logger.info("resuming from the checkpoint state in %s: the next step is %d (run %d)",
                     self.states_file, clock.step + 1, self.training_run)
 
+    def step_boundary(self, clock: StepClock, counted: bool, step_saved: bool) -> None:
+        """At a step boundary: before the first counted step, continue a restarted job's steps
+        (steps numbered by the framework, XGBoost's rounds, keep theirs); between steps, note
+        whether the step that ended saved something and record the state when a new checkpoint
+        appeared."""
+        if step_saved and clock.started:
+            self.last_saved_step = clock.step
+        if self.to_restore and not clock.started:
+            if counted:
+                self.restore(clock)
+            self.to_restore = False
+            return
+        self.at_boundary(clock)
+
     def at_boundary(self, clock: StepClock) -> None:
         """Between two steps: record the state if a checkpoint appeared or changed."""
         files = _checkpoint_files(self.folder)

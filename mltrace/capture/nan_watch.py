@@ -4,7 +4,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +34,18 @@ class NanWatch:
     def saving_on_nan(self, colls: Iterable[Collection], mode: ModeKeys) -> tuple[Collection, ...]:
         """Those of ``colls`` whose save config for ``mode`` saves on NaN."""
         return tuple(c for c in colls if c.effective_save_config().get_save_config(mode).when_nan)
+
+    def observe_unsaved(self, name: str, value: Any, colls: tuple[Collection, ...], mode: ModeKeys,
+                        to_numpy: Callable[[Any], np.ndarray]) -> None:
+        """A tensor of ``colls`` in a step that does not save them: look at it if it is watched,
+        and hold it if one of its collections saves on NaN (copied to the host only then)."""
+        saving = self.saving_on_nan(colls, mode)
+        if name not in self.watched and not saving:
+            return
+        array = to_numpy(value)
+        self.observe(name, array)
+        if saving:
+            self.hold(name, array, saving)
 
     def hold(self, name: str, array: np.ndarray, colls: tuple[Collection, ...]) -> None:
         """Keep ``array`` until the step ends, to be written to ``colls`` if a NaN shows up."""

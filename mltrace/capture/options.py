@@ -86,3 +86,21 @@ class HookOptions:
     def hook_reduction_config(self) -> ReductionConfig:
         """The hook's ReductionConfig: the one given, else raw tensors only."""
         return self.reduction_config or ReductionConfig(save_raw_tensor=True)
+
+    def included(self, default_include: Iterable[str], always: Iterable[str]) -> list[str]:
+        """The saved collections' names: those given (else the adapter's defaults), then the
+        ones an adapter always saves (smdebug: losses for PyTorch)."""
+        names = list(default_include) if self.include_collections is None else list(self.include_collections)
+        return names + list(always)
+
+    def add_sink(self, name: str, options: dict[str, Any]) -> None:
+        """Record a tracking sink added after the hook was built (``"mlflow"`` also sets mlflow=).
+
+        Raises:
+            MltraceValueError: the sink is there already.
+        """
+        if name in self.sinks:
+            raise MltraceValueError(f"the hook logs to {name!r} already; add a sink once")
+        self.sinks[name] = dict(options)
+        if name == "mlflow":
+            self.mlflow = dict(options) or True

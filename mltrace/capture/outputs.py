@@ -15,6 +15,7 @@ import numpy as np
 
 from mltrace.capture.adapter import Adapter, ReductionItems
 from mltrace.capture.clock import StepClock
+from mltrace.capture.out_dir import OutDirGuard
 from mltrace.capture.plan import what_to_save
 from mltrace.collections import (
     METRIC_COLLECTIONS,
@@ -41,16 +42,20 @@ class Outputs:
         adapter: turns framework values into host arrays and reductions.
         clock: the hook's step and mode.
         collections_json: the collections file's content, written with the first step.
+        guard: the local out_dir's identity (claimed when writing begins).
     """
 
     def __init__(self, storage: Storage, tensorboard_dir: str | None, strict: bool, adapter: Adapter,
-                 clock: StepClock, collections_json: Callable[[], str]) -> None:
+                 clock: StepClock, collections_json: Callable[[], str], guard: OutDirGuard) -> None:
         self.storage = storage
         self.tensorboard_dir = tensorboard_dir
         self.strict = strict
         self._adapter = adapter
         self._clock = clock
         self._collections_json = collections_json
+        self.guard = guard
+        #: The writers close() closed, for a strict hook's last look at their failures.
+        self.closed_writers: tuple[TrialWriter | TensorBoardWriter | None, ...] = ()
         self.writer: TrialWriter | None = None
         self.tensorboard: TensorBoardWriter | None = None
         self.sinks: list[Any] = []
@@ -67,6 +72,7 @@ class Outputs:
     # -- lifecycle ------------------------------------------------------------------------------
     def open(self, worker: str, chief: bool) -> None:
         """Start writing as ``worker`` (the chief also owns the shared TensorBoard files)."""
+        self.guard.claim()
         self.writer = TrialWriter(self.storage, worker)
         if self.tensorboard_dir:
             self.tensorboard = TensorBoardWriter(self.tensorboard_dir, None if chief else worker)
@@ -127,6 +133,7 @@ class Outputs:
         """Close the writers (``write_end_marker``: the run ended normally)."""
         if self.writer is None:  # never started (leave no files), a dry run, or another worker's
             return
+        self.closed_writers = (self.writer, self.tensorboard)
         self.end_step()
         self.write_collections()
         if self.tensorboard is not None:
@@ -137,9 +144,39 @@ class Outputs:
         self.writer.close()
         self.writer = None
 
-    def raise_write_failure(self) -> None:
-        """For strict hooks: raise the first file that could not be written since the last look."""
-        for writer in (self.writer, self.tensorboard):
+    def flush(self) -> None:
+        """Write the collections file and wait until every file written so far is on storage."""
+        if self.writer is None:
+            return
+        self.write_collections()
+        self.writer.flush()
+        if self.tensorboard is not None:
+            self.tensorboard.flush()
+
+    def abandon_if_replaced(self, out_dir: str) -> bool:
+        """True if the out_dir was deleted (and maybe made again for another run) since writing
+        began: then nothing more is written there, not even the last step or the end marker, so
+        another run's trial in that folder stays intact (see mltrace.capture.out_dir)."""
+        if self.writer is None or not self.guard.replaced():
+            return False
+        logger.warning(
+            "out_dir %s was deleted or replaced since this hook began writing into it: the hook "
+            "writes nothing more there (not its last steps, not the end marker), so another run's "
+            "trial in that folder stays intact. Close a hook (hook.close()) before reusing its "
+            "out_dir.", out_dir)
+        writer, tensorboard = self.writer, self.tensorboard
+        self.writer = self.tensorboard = None
+        self.pending_scalars.clear()
+        if writer is not None:
+            writer.discard()
+        if tensorboard is not None:
+            tensorboard.discard()
+        return True
+
+    def raise_write_failure(self, closed: bool = False) -> None:
+        """For strict hooks: raise the first file that could not be written since the last look
+        (``closed``: by the writers that close() closed)."""
+        for writer in self.closed_writers if closed else (self.writer, self.tensorboard):
             failure = writer.failures.take() if writer is not None else None
             if failure is not None:
                 raise failure
@@ -226,6 +263,13 @@ class Outputs:
         self.writer.add_tensor(name, array, self._clock.mode, self._clock.mode_step, wall_time)
 
     # -- sinks ----------------------------------------------------------------------------------
+    def add_sinks(self, sinks: dict[str, dict[str, Any]], hook: Any) -> None:
+        """Create the tracking sinks named in ``sinks`` (name -> options) through the plugin
+        registry (the MLflow sink lives in mlflow_plugin, which core does not name)."""
+        from mltrace import plugins  # entry points are read only by hooks that log somewhere
+
+        self.sinks.extend(plugins.create_sink(name, hook, dict(options)) for name, options in sinks.items())
+
     def log_to_sinks(self, name: str, value: float, mode_step: int) -> None:
         """Hand a scalar to every sink. A sink that raises is the sink's problem, not the
         trial's: its first error is logged, the rest are counted (summed up at close), it is

@@ -72,6 +72,11 @@ class SavePlan:
         if name not in self.include_collections:
             self.include_collections.append(name)
 
+    def include_pattern(self, name: str, patterns: str | Iterable[str]) -> None:
+        """Add regexes to the collection ``name`` and save it (include_regex, save_all)."""
+        self.manager.get(name).include(patterns)
+        self.include(name)
+
     def add_saved(self, coll: Collection) -> bool:
         """Save ``coll`` from now on (after the first step: save_tensor into a new collection);
         True if it was not saved yet."""

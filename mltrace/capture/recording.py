@@ -1,0 +1,133 @@
+"""The flight recorder as one hook uses it: built from the hook's options, fed the dump requests
+its stop signal found, checked against a model's size, and telling the hook's sinks of each dump.
+
+The recorder itself (mltrace.capture.flight_recorder) knows nothing of hooks; this part joins it
+to the hook's other parts so that the hook's own methods stay one line each.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from mltrace.capture.adapter import Adapter
+from mltrace.capture.flight_recorder import FlightRecorder, check_collections
+from mltrace.capture.options import HookOptions
+from mltrace.capture.outputs import Outputs
+from mltrace.capture.plan import SavePlan
+from mltrace.capture.stop import StopSignal
+from mltrace.format.flight_record import Dump, FlightRecord
+from mltrace.modes import ModeKeys
+from mltrace.writer import TrialWriter
+
+logger = logging.getLogger("mltrace.hook")
+
+
+class Recording:
+    """One hook's flight recorder and the hook parts it works with.
+
+    Args:
+        recorder: the ring and its triggers.
+        plan: the hook's save plan (its collections decide what a budget check counts).
+        stop: the hook's stop signal (it finds dump requests from rules and ``mltrace dump``).
+        sinks: the hook's tracking sinks, read at each dump (sinks may be added later).
+        strict: raise a sink's failure instead of logging it.
+    """
+
+    def __init__(self, recorder: FlightRecorder, plan: SavePlan, stop: StopSignal,
+                 sinks: Callable[[], list[Any]], strict: bool) -> None:
+        self.recorder = recorder
+        self.plan = plan
+        self.stop = stop
+        self._sinks = sinks
+        self._strict = strict
+        recorder.on_dump = self._tell_sinks
+        stop.watch_dump_requests = True
+
+    @classmethod
+    def from_options(cls, options: HookOptions, adapter: Adapter, plan: SavePlan, stop: StopSignal,
+                     sinks: Callable[[], list[Any]]) -> Recording | None:
+        """The recording the options ask for; None without a ``flight_recorder`` or in a dry run.
+
+        Raises:
+            mltrace.exceptions.MltraceValueError: the config names a collection the hook lacks.
+        """
+        config = options.flight_recorder
+        if config is None or options.dry_run:
+            return None
+        assert not isinstance(config, (dict, bool))  # HookOptions parsed it
+        if config.collections is not None:
+            check_collections(config.collections, plan.manager.get_collections())
+        return cls(FlightRecorder(config, adapter), plan, stop, sinks, options.strict)
+
+    def prepare(self) -> None:
+        """The saved collections are fixed: resolve the recorded ones, which the plan then
+        watches on every step."""
+        self.plan.watch(self.recorder.resolve(self.plan.saved, self.plan.manager.get_collections()))
+
+    def opened(self, worker: str) -> None:
+        """The hook writes as ``worker`` (known once the outputs open)."""
+        self.recorder.worker = self.recorder.record.worker = worker
+
+    @property
+    def active(self) -> bool:
+        """True while the recorder records (it stops for good past its budget or max_dumps)."""
+        return self.recorder.enabled
+
+    def begin_step(self, step: int, mode: ModeKeys, mode_step: int) -> None:
+        """Start recording a step; a dump request found since the last one triggers first."""
+        request, self.stop.dump_request = self.stop.dump_request, None
+        if request is not None:
+            asked = f"rule {request.rule}" if request.rule else "mltrace dump"
+            self.recorder.trigger("rule" if request.rule else "manual",
+                                  f"{asked} asked for a dump" + (f": {request.reason}" if request.reason else ""))
+        self.recorder.begin_step(step, mode, mode_step)
+
+    def end_step(self, outputs: Outputs, writer: TrialWriter) -> None:
+        """Close the step: the hook's own reductions are written first (the recorder's records
+        skip them); a step the hook writes itself takes the recorder's records now (a dump must
+        never write that step again: it would replace its file and lose what it saved); then a
+        dump that a trigger of this step asked for."""
+        outputs.write_pending()
+        self.recorder.end_step(outputs.write_records, saved=writer.step_open)
+        outputs.end_step()
+        self.recorder.dump_pending(writer)
+
+    def finish(self, writer: TrialWriter) -> None:
+        """At close: a dump asked for after the last step, then the record file."""
+        self.recorder.dump_pending(writer)
+        self.recorder.write_record(writer)
+
+    def dump(self, reason: str, between_steps: bool, writer: TrialWriter | None) -> None:
+        """A dump asked for by hand: written now when no step is open, else at the step's end."""
+        if self.recorder.trigger("manual", str(reason)) and between_steps:
+            self.recorder.dump_pending(writer)
+
+    def check_budget(self, tensors: Iterable[tuple[str, int]], adapter: Adapter) -> None:
+        """Raise if the budget cannot hold one step of ``tensors`` ((name, bytes) known before
+        training) that belong to a recorded collection.
+
+        Raises:
+            mltrace.exceptions.MltraceValueError: the budget is too small for one step.
+        """
+        names = self.recorder.config.collections or self.plan.include_collections
+        known = self.plan.manager.get_collections()
+        colls = [known[n] for n in names if n in known]
+        self.recorder.check_budget(tensors, lambda name: any(adapter.is_member(c, name) for c in colls))
+
+    def _tell_sinks(self, record: FlightRecord, dump: Dump) -> None:
+        """Sinks that show dumps (MLflow's tags) hear of each; a sink's failure is logged."""
+        for sink in self._sinks():
+            told = getattr(sink, "flight_recorder_dumped", None)
+            if told is None:
+                continue
+            try:
+                told(record, dump)
+            except Exception as exc:
+                if self._strict:
+                    raise
+                logger.error("sink %r could not record the flight recorder's dump: %s", sink, exc)
+
+
+__all__ = ["Recording"]
