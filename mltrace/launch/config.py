@@ -91,7 +91,7 @@ def validate(doc: Mapping[str, Any], where: str) -> None:
     config = parse_hook_config(doc, where)
     out_dir = str(doc["LocalPath"])
     if "://" not in out_dir:
-        from mltrace.hook import check_local_out_dir  # a file in the way, no permission
+        from mltrace.capture.out_dir import check_local_out_dir  # a file in the way, no permission
 
         try:
             check_local_out_dir(out_dir, os.path.join(out_dir, END_OF_JOB_MARKER))
