@@ -155,6 +155,13 @@ class NoMoreData(MltraceError, RuntimeError):
         )
 
 
+#: What reading a value that is not there raises: the tensor was not saved at the step, the
+#: step was skipped, is not written yet, or lies past the end of training. Rules and notebooks
+#: that read many tensors at many steps catch these (``except VALUE_UNAVAILABLE:``) and go on.
+VALUE_UNAVAILABLE = (TensorUnavailableForStep, TensorUnavailable, StepUnavailable,
+                     StepNotYetAvailable, NoMoreData)
+
+
 class InvalidWorker(MltraceError, ValueError):
     """A worker name that the trial does not know."""
 

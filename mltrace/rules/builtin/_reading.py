@@ -9,14 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mltrace.exceptions import (
-    MltraceValueError,
-    NoMoreData,
-    StepNotYetAvailable,
-    StepUnavailable,
-    TensorUnavailable,
-    TensorUnavailableForStep,
-)
+from mltrace.exceptions import VALUE_UNAVAILABLE, MltraceValueError
 from mltrace.modes import ModeKeys
 from mltrace.rules.builtin._params import as_names, as_regex_list
 
@@ -27,10 +20,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: What reading a value that is not there raises; rules skip such tensors at such steps.
-MISSING = (TensorUnavailableForStep, TensorUnavailable, StepUnavailable, StepNotYetAvailable,
-           NoMoreData)
-
 #: Tensors that look like losses when no losses collection exists (smdebug's tests relied on it).
 LOSS_REGEX = "(?i)loss"
 
@@ -39,7 +28,7 @@ def value_at(tensor: Tensor, step: int, mode: ModeKeys = ModeKeys.GLOBAL) -> np.
     """The raw value of ``tensor`` at ``step`` (of ``mode``), or None where it was not saved."""
     try:
         return tensor.value(step, mode)
-    except MISSING:
+    except VALUE_UNAVAILABLE:
         return None
 
 
@@ -59,7 +48,7 @@ def reduction_at(tensor: Tensor, step: int, name: str, abs: bool = False,
     """A reduction, stored or computed from the raw value; None where neither was saved."""
     try:
         return float(tensor.reduction_value(step, name, mode=mode, abs=abs))
-    except MISSING:
+    except VALUE_UNAVAILABLE:
         return None
 
 
@@ -143,16 +132,30 @@ class TensorSelection:
         return [trial.tensor(n) for n in names]
 
 
-def required_selection(rule: str, trial: Trial, collection_names: Any, tensor_regex: Any,
-                       ) -> tuple[list[str], list[str], TensorSelection]:
-    """(collection names, regexes, selection) for rules that need one of the two."""
+def selection_from(rule: str, trial: Trial, collection_names: Any, tensor_regex: Any,
+                   required: bool = False, **options: Any,
+                   ) -> tuple[list[str], list[str], TensorSelection]:
+    """A rule's ``collection_names`` and ``tensor_regex`` arguments, parsed, and the selection
+    they make, its collections checked against ``trial``: (collection names, regexes, selection).
+
+    Args:
+        rule: the rule's name, for messages.
+        trial: the trial the collections must exist in.
+        collection_names, tensor_regex: the rule's arguments as given (lists or strings).
+        required: one of the two must be given (rules with no default selection).
+        **options: TensorSelection's further arguments (``optional_collections``, ...).
+
+    Raises:
+        MltraceValueError: an invalid argument, a collection the trial lacks, or neither given
+            where ``required``.
+    """
     names = as_names(collection_names)
     regexes = as_regex_list(rule, "tensor_regex", tensor_regex)
-    if not names and not regexes:
+    if required and not names and not regexes:
         raise MltraceValueError(
             f"{rule}: pass collection_names or tensor_regex (or both: the union is inspected)"
         )
-    selection = TensorSelection(rule, names, regexes)
+    selection = TensorSelection(rule, names, regexes, **options)
     selection.check(trial)
     return names, regexes, selection
 

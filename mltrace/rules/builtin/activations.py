@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mltrace.rules.builtin._params import as_float, as_names, as_range, as_regex_list
-from mltrace.rules.builtin._reading import TensorSelection, units_fraction, value_at
+from mltrace.rules.builtin._params import as_float, as_range, as_regex_list
+from mltrace.rules.builtin._reading import TensorSelection, selection_from, units_fraction, value_at
 from mltrace.rules.rule import Rule
 from mltrace.trials import Trial
 
@@ -120,14 +120,12 @@ class SaturatedActivation(_UnitActivityRule):
                  action_str: Any = None) -> None:
         super().__init__(base_trial, action_str=action_str)
         name = self.rule_name
-        self.collection_names = as_names(collection_names)
-        self.tensor_regex = as_regex_list(name, "tensor_regex", tensor_regex)
+        self.collection_names, self.tensor_regex, self._selection = selection_from(
+            name, base_trial, collection_names, tensor_regex)
         self.threshold_tanh = as_range(name, "threshold_tanh", threshold_tanh)
         self.threshold_sigmoid = as_range(name, "threshold_sigmoid", threshold_sigmoid)
         self.threshold_inactivity, self.threshold_layer = _percentages(
             name, threshold_inactivity, threshold_layer)
-        self._selection = TensorSelection(name, self.collection_names, self.tensor_regex)
-        self._selection.check(base_trial)
 
     def _range(self, tensor_name: str) -> tuple[float, float]:
         return self.threshold_sigmoid if "sigmoid" in tensor_name.lower() else self.threshold_tanh

@@ -7,11 +7,11 @@ from typing import Any
 
 import numpy as np
 
-from mltrace.rules.builtin._params import as_bool, as_names, as_regex_list
+from mltrace.exceptions import VALUE_UNAVAILABLE
+from mltrace.rules.builtin._params import as_bool
 from mltrace.rules.builtin._reading import (
-    MISSING,
-    TensorSelection,
     has_value,
+    selection_from,
     stored_reduction,
     value_at,
 )
@@ -44,7 +44,7 @@ def nonfinite_counts(tensor: Tensor, step: int, use_raw: bool = True,
         return (None if nan is None else int(nan)), (None if inf is None else int(inf))
     try:
         stored = tensor.reduction_values(step)
-    except MISSING:
+    except VALUE_UNAVAILABLE:
         stored = {}
     for (name, _abs), reduced in stored.items():
         v = float(reduced)
@@ -75,12 +75,9 @@ class ExplodingTensor(Rule):
     def __init__(self, base_trial: Trial, collection_names: Any = None, tensor_regex: Any = None,
                  only_nan: Any = False, action_str: Any = None) -> None:
         super().__init__(base_trial, action_str=action_str)
-        self.collection_names = as_names(collection_names)
-        self.tensor_regex = as_regex_list(self.rule_name, "tensor_regex", tensor_regex)
+        self.collection_names, self.tensor_regex, self._selection = selection_from(
+            self.rule_name, base_trial, collection_names, tensor_regex, everything_when_empty=True)
         self.only_nan = as_bool(self.rule_name, "only_nan", only_nan)
-        self._selection = TensorSelection(self.rule_name, self.collection_names, self.tensor_regex,
-                                          everything_when_empty=True)
-        self._selection.check(base_trial)
 
     def invoke_at_step(self, step: int) -> bool:
         for tensor in self._selection.tensors(self.base_trial, self):
@@ -116,13 +113,10 @@ class NaNInfDetected(Rule):
                  only_nan: Any = False, use_raw_tensors: Any = True,
                  action_str: Any = None) -> None:
         super().__init__(base_trial, action_str=action_str)
-        self.collection_names = as_names(collection_names)
-        self.tensor_regex = as_regex_list(self.rule_name, "tensor_regex", tensor_regex)
+        self.collection_names, self.tensor_regex, self._selection = selection_from(
+            self.rule_name, base_trial, collection_names, tensor_regex, everything_when_empty=True)
         self.only_nan = as_bool(self.rule_name, "only_nan", only_nan)
         self.use_raw_tensors = as_bool(self.rule_name, "use_raw_tensors", use_raw_tensors)
-        self._selection = TensorSelection(self.rule_name, self.collection_names, self.tensor_regex,
-                                          everything_when_empty=True)
-        self._selection.check(base_trial)
         #: Per tensor, the first global step where it held NaN/Inf.
         self.first_nonfinite_step: dict[str, int] = {}
 

@@ -11,8 +11,6 @@ from mltrace.rules.builtin._params import (
     as_float,
     as_int,
     as_mode,
-    as_names,
-    as_regex_list,
 )
 from mltrace.rules.builtin._reading import (
     LOSS_REGEX,
@@ -21,6 +19,7 @@ from mltrace.rules.builtin._reading import (
     has_value,
     mode_of,
     scalar_at,
+    selection_from,
 )
 from mltrace.rules.rule import Rule
 from mltrace.tensor import Tensor
@@ -30,16 +29,15 @@ from mltrace.trials import Trial
 MODE_PREFERENCE = (ModeKeys.EVAL, ModeKeys.TRAIN, ModeKeys.GLOBAL)
 
 
-def loss_selection(rule: str, trial: Trial, collection_names: list[str], tensor_regex: list[str],
-                   use_losses_collection: bool) -> TensorSelection:
+def loss_selection(rule: str, trial: Trial, collection_names: Any, tensor_regex: Any,
+                   use_losses_collection: bool) -> tuple[list[str], list[str], TensorSelection]:
     """Loss tensors: the ``losses`` collection (when wanted and present), the given collections
     and regexes; when none of these is configured or they select nothing, names matching
-    ``loss`` (any case), as smdebug's rules found ``loss_0``-style tensors."""
-    selection = TensorSelection(rule, collection_names, tensor_regex,
-                                optional_collections=("losses",) if use_losses_collection else (),
-                                fallback_regex=[LOSS_REGEX])
-    selection.check(trial)
-    return selection
+    ``loss`` (any case), as smdebug's rules found ``loss_0``-style tensors. Returns the parsed
+    collection names and regexes with the selection (see selection_from)."""
+    return selection_from(rule, trial, collection_names, tensor_regex,
+                          optional_collections=("losses",) if use_losses_collection else (),
+                          fallback_regex=[LOSS_REGEX])
 
 
 class LossNotDecreasing(Rule):
@@ -75,9 +73,9 @@ class LossNotDecreasing(Rule):
                  mode: Any = None, action_str: Any = None) -> None:
         super().__init__(base_trial, action_str=action_str)
         name = self.rule_name
-        self.collection_names = as_names(collection_names)
-        self.tensor_regex = as_regex_list(name, "tensor_regex", tensor_regex)
         self.use_losses_collection = as_bool(name, "use_losses_collection", use_losses_collection)
+        self.collection_names, self.tensor_regex, self._selection = loss_selection(
+            name, base_trial, collection_names, tensor_regex, self.use_losses_collection)
         self.num_steps = as_int(name, "num_steps", num_steps)
         if self.num_steps < 1:
             raise MltraceValueError(f"{name}: num_steps={num_steps!r} must be a positive integer")
@@ -86,8 +84,6 @@ class LossNotDecreasing(Rule):
             raise MltraceValueError(f"{name}: diff_percent={diff_percent!r} must be below 100")
         self._mode = as_mode(name, "mode", mode)
         self.mode = None if self._mode is None else self._mode.name
-        self._selection = loss_selection(name, base_trial, self.collection_names, self.tensor_regex,
-                                         self.use_losses_collection)
         self._steps = SavedSteps()
         self._chosen: dict[str, ModeKeys] = {}
         self._last_check: dict[tuple[str, ModeKeys], int] = {}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from mltrace.exceptions import MltraceValueError
+from mltrace.exceptions import VALUE_UNAVAILABLE, MltraceValueError
 from mltrace.rules.builtin._params import as_float, as_optional_float
-from mltrace.rules.builtin._reading import MISSING, reduction_at, required_selection
+from mltrace.rules.builtin._reading import reduction_at, selection_from
 from mltrace.rules.rule import Rule
 from mltrace.tensor import Tensor
 from mltrace.trials import Trial
@@ -21,7 +21,7 @@ def zero_fraction(tensor: Tensor, step: int) -> tuple[float | None, bool]:
         return fraction, True
     try:
         stored = tensor.reduction_values(step)
-    except MISSING:
+    except VALUE_UNAVAILABLE:
         return None, False
     by_name = {(n, a): float(v) for (n, a), v in stored.items()}
     for key in (("max", True), ("l1", False), ("l1", True), ("l2", False), ("sum", True)):
@@ -50,8 +50,8 @@ class AllZero(Rule):
     def __init__(self, base_trial: Trial, collection_names: Any = None, tensor_regex: Any = None,
                  threshold: Any = 100, action_str: Any = None) -> None:
         super().__init__(base_trial, action_str=action_str)
-        self.collection_names, self.tensor_regex, self._selection = required_selection(
-            self.rule_name, base_trial, collection_names, tensor_regex)
+        self.collection_names, self.tensor_regex, self._selection = selection_from(
+            self.rule_name, base_trial, collection_names, tensor_regex, required=True)
         self.threshold = as_float(self.rule_name, "threshold", threshold, 0, 100)
 
     def invoke_at_step(self, step: int) -> bool:
@@ -85,8 +85,8 @@ class TensorVariance(Rule):
                  max_threshold: Any = None, min_threshold: Any = None,
                  action_str: Any = None) -> None:
         super().__init__(base_trial, action_str=action_str)
-        self.collection_names, self.tensor_regex, self._selection = required_selection(
-            self.rule_name, base_trial, collection_names, tensor_regex)
+        self.collection_names, self.tensor_regex, self._selection = selection_from(
+            self.rule_name, base_trial, collection_names, tensor_regex, required=True)
         self.max_threshold = as_optional_float(self.rule_name, "max_threshold", max_threshold)
         self.min_threshold = as_optional_float(self.rule_name, "min_threshold", min_threshold)
         if self.max_threshold is None and self.min_threshold is None:

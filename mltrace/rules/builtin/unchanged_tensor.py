@@ -14,7 +14,7 @@ from mltrace.rules.builtin._reading import (
     TensorSelection,
     has_value,
     mode_of,
-    required_selection,
+    selection_from,
     value_at,
 )
 from mltrace.rules.rule import Rule
@@ -51,8 +51,8 @@ class UnchangedTensor(Rule):
                  mode: Any = None, action_str: Any = None) -> None:
         super().__init__(base_trial, action_str=action_str)
         name = self.rule_name
-        self.collection_names, self.tensor_regex, self._selection = required_selection(
-            name, base_trial, collection_names, tensor_regex)
+        self.collection_names, self.tensor_regex, self._selection = selection_from(
+            name, base_trial, collection_names, tensor_regex, required=True)
         self.num_steps = as_int(name, "num_steps", num_steps)
         if self.num_steps < 2:
             raise MltraceValueError(f"{name}: num_steps={num_steps!r} must be at least 2")
