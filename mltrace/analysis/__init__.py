@@ -12,6 +12,8 @@ TensorBoard plugin, the MLflow summary, comparison and plots, and ``mltrace info
 - :mod:`~mltrace.analysis.heatmap`: ``tensor_heatmap`` (one statistic of many tensors over step
   buckets, min/max per bucket, non-finite values counted apart), ``statistic_steps``,
   ``StatisticCache``.
+- :mod:`~mltrace.analysis.cache`: ``LruCache``, the bounded cache of steps already read behind
+  ``SeriesCache`` and ``StatisticCache``.
 - :mod:`~mltrace.analysis.utils`: smdebug's ``no_refresh`` and ``refresh`` (hold a trial still
   while reading it), at smdebug's place (``smdebug.analysis.utils``).
 

@@ -10,15 +10,14 @@ non-finite step among 10,000 still shows. Values are read once per step and kept
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from mltrace.analysis.cache import LruCache
 from mltrace.analysis.series import Damaged, left_out
 from mltrace.analysis.statistics import UNREADABLE, step_statistics
 from mltrace.exceptions import MltraceValueError
@@ -64,26 +63,13 @@ class StepValues:
         self.steps, self.values = s[order], v[order]
 
 
-class StatisticCache:
+class StatisticCache(LruCache[StepValues]):
     """Statistics of steps already read, per (trial, tensor, statistic, worker); the least
-    recently used entries are dropped beyond ``max_entries``. Complete steps never change."""
+    recently used entries are dropped beyond ``max_entries``. Complete steps never change.
+    ``get(key)`` returns the key's StepValues (a new empty one when unknown)."""
 
     def __init__(self, max_entries: int = 4096) -> None:
-        self._data: OrderedDict[Hashable, StepValues] = OrderedDict()
-        self._lock = threading.Lock()
-        self.max_entries = max_entries
-
-    def get(self, key: Hashable) -> StepValues:
-        """The values cached for ``key`` (a new empty entry when unknown)."""
-        with self._lock:
-            entry = self._data.get(key)
-            if entry is None:
-                entry = self._data[key] = StepValues()
-                while len(self._data) > self.max_entries:
-                    self._data.popitem(last=False)
-            else:
-                self._data.move_to_end(key)
-            return entry
+        super().__init__(StepValues, max_entries)
 
 
 def check_statistic(statistic: str) -> str:

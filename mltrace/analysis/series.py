@@ -9,12 +9,11 @@ series says how many there were). A step whose record cannot be read is left out
 from __future__ import annotations
 
 import logging
-import threading
-from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from mltrace.analysis.cache import LruCache
 from mltrace.analysis.statistics import UNREADABLE, step_statistics, thin
 from mltrace.modes import ModeKeys
 
@@ -73,29 +72,25 @@ class Series:
         return next((v for v in reversed(self.values.get(statistic, [])) if v is not None), None)
 
 
-class SeriesCache:
+class SeriesCache(LruCache[StepRows]):
     """Statistics of steps already read, per series: a warm request reads only new steps.
 
     Steps of a trial never change once complete, so a long-lived viewer (the TensorBoard plugin)
-    keeps them; the least recently used series are dropped beyond ``max_series``.
+    keeps them; the least recently used series are dropped beyond ``max_series``. ``get(key)``
+    returns the series' ``{step: statistics}`` (a new empty one when unknown).
     """
 
     def __init__(self, max_series: int = 512) -> None:
-        self._data: OrderedDict[Hashable, StepRows] = OrderedDict()
-        self._lock = threading.Lock()
-        self.max_series = max_series
+        super().__init__(dict, max_series)
 
-    def get(self, key: Hashable) -> StepRows:
-        """The ``{step: statistics}`` of the series ``key`` (a new empty one when unknown)."""
-        with self._lock:
-            series = self._data.get(key)
-            if series is None:
-                series = self._data[key] = {}
-                while len(self._data) > self.max_series:
-                    self._data.popitem(last=False)
-            else:
-                self._data.move_to_end(key)
-            return series
+    @property
+    def max_series(self) -> int:
+        """How many series are kept (``max_entries``)."""
+        return self.max_entries
+
+    @max_series.setter
+    def max_series(self, value: int) -> None:
+        self.max_entries = value
 
 
 def tensor_series(
