@@ -15,6 +15,7 @@ import inspect
 import threading
 from typing import Any
 
+from mltrace.launch.callbacks import SessionCallback
 from mltrace.launch.session import Session, guarded
 
 FRAMEWORK = "keras"
@@ -25,8 +26,7 @@ class KerasAttachment:
     """Adds the session's KerasHook to the callbacks of each fit/evaluate/predict call."""
 
     def __init__(self, session: Session, keras: Any) -> None:
-        self.session = session
-        self.hook: Any = None
+        self.callback = SessionCallback(session, FRAMEWORK)
         self._inside = threading.local()  # fit runs evaluate for validation: add the hook once
         self._callbacks = guarded(session, FRAMEWORK)(self._with_hook)
         for name in METHODS:
@@ -60,15 +60,11 @@ class KerasAttachment:
         callbacks = bound.arguments.get("callbacks")
         if callbacks is not None and not isinstance(callbacks, (list, tuple)):
             return None  # a keras CallbackList built by Keras itself
-        if any(isinstance(c, mltrace.tensorflow.KerasHook) for c in callbacks or ()):
-            return None  # the script passes its own hook
-        if self.hook is None:
-            self.hook = self.session.create_hook(mltrace.tensorflow.KerasHook, FRAMEWORK)
-            if self.hook is None:
-                return None
+        hook = self.callback.add_to(bound, mltrace.tensorflow.KerasHook)
+        if hook is None:
+            return None
         if getattr(model, "optimizer", None) is not None and hasattr(model.optimizer, "apply"):
-            self.hook.wrap_optimizer(model.optimizer)
-        bound.arguments["callbacks"] = [*(callbacks or ()), self.hook]
+            hook.wrap_optimizer(model.optimizer)
         return bound.args[1:], bound.kwargs
 
 

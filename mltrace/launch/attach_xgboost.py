@@ -14,6 +14,7 @@ import importlib
 import inspect
 from typing import Any
 
+from mltrace.launch.callbacks import SessionCallback
 from mltrace.launch.session import Session, guarded
 
 FRAMEWORK = "xgboost"
@@ -24,8 +25,7 @@ class XGBoostAttachment:
     """Adds the session's XGBoost hook to the callbacks of each training."""
 
     def __init__(self, session: Session, xgboost: Any) -> None:
-        self.session = session
-        self.hook: Any = None
+        self.callback = SessionCallback(session, FRAMEWORK)
         original = xgboost.training.train
         self._signature = inspect.signature(original)
         self._callbacks = guarded(session, FRAMEWORK)(self._with_hook)
@@ -51,15 +51,9 @@ class XGBoostAttachment:
         from mltrace.xgboost.collection import DEFAULT_SAVE_INTERVAL
 
         bound = self._signature.bind(*args, **kwargs)
-        callbacks = list(bound.arguments.get("callbacks") or ())
-        if any(isinstance(c, mltrace.xgboost.Hook) for c in callbacks):
-            return None  # the script passes its own hook
-        if self.hook is None:
-            self.hook = self.session.create_hook(
-                mltrace.xgboost.Hook, FRAMEWORK, save_defaults={"save_interval": DEFAULT_SAVE_INTERVAL})
-            if self.hook is None:
-                return None
-        bound.arguments["callbacks"] = [*callbacks, self.hook]
+        save_defaults = {"save_interval": DEFAULT_SAVE_INTERVAL}
+        if self.callback.add_to(bound, mltrace.xgboost.Hook, save_defaults) is None:
+            return None
         return bound.args, bound.kwargs
 
 
