@@ -34,15 +34,7 @@ from mltrace import modes
 from mltrace.capture.errors import guarded
 from mltrace.capture.flight_recorder import FlightRecorderConfig
 from mltrace.capture.options import HookOptions
-from mltrace.collections import (
-    GRADIENT_PREFIX,
-    TORNASOLE_INCLUDE_COLLECTIONS,
-    CollectionKeys,
-    PendingCollections,
-    manager_with_defaults,
-    parameter_collection_regexes,
-)
-from mltrace.collections import Collection as _CoreCollection
+from mltrace.collections import GRADIENT_PREFIX, TORNASOLE_INCLUDE_COLLECTIONS, CollectionKeys
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
 from mltrace.exceptions import MltraceTypeError
 from mltrace.hook import Hook as CoreHook
@@ -50,41 +42,15 @@ from mltrace.hook import check_tensor_name, del_hook, hook_of_class, set_hook
 from mltrace.hook import get_hook as _current_hook
 from mltrace.json_config import create_hook_from_config
 from mltrace.pytorch.adapter import TorchAdapter
+from mltrace.pytorch.collection import DEFAULT_COLLECTIONS as DEFAULT_COLLECTIONS
+from mltrace.pytorch.collection import DEFAULT_INCLUDE_COLLECTIONS, Collection, pending
 from mltrace.pytorch.reductions import torch_reductions
 from mltrace.trials import create_trial
-
-DEFAULT_COLLECTIONS = parameter_collection_regexes("[Ll]oss_(?!input).*output")
-DEFAULT_INCLUDE_COLLECTIONS = [CollectionKeys.LOSSES]
-
-
-class Collection(_CoreCollection):
-    """A collection that can also hold a module's inputs and outputs."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._modules: dict[torch.nn.Module, tuple[bool, bool]] = {}
-
-    def add_module_tensors(self, module: torch.nn.Module, inputs: bool = False, outputs: bool = True) -> None:
-        """Save ``module``'s inputs and/or outputs with this collection (names are resolved when
-        the hook registers the model, so this may be called before the hook exists)."""
-        if not isinstance(module, torch.nn.Module):
-            raise MltraceTypeError(f"add_module_tensors needs a torch.nn.Module, got {type(module).__name__}")
-        self._modules[module] = (inputs, outputs)
-
-    @property
-    def modules(self) -> dict[torch.nn.Module, tuple[bool, bool]]:
-        """Modules added with add_module_tensors, with their (inputs, outputs) flags."""
-        return self._modules
-
-
-# Collections made with smd.get_collection(...) before a hook exists (seed 000 does this) land
-# here and are handed to the next hook created.
-_pending = PendingCollections(lambda: manager_with_defaults(DEFAULT_COLLECTIONS, Collection))
 
 
 def get_collection(name: str, create: bool = True) -> Collection:
     """The collection ``name`` of the current hook, or of the hook about to be created."""
-    return _pending.of(_current_hook(), Hook, name, create)  # type: ignore[return-value]
+    return pending.of(_current_hook(), Hook, name, create)  # type: ignore[return-value]
 
 
 def add_to_collection(collection_name: str, args: Any) -> None:
@@ -133,7 +99,7 @@ class Hook(CoreHook):
             include_regex, include_collections, bool(save_all or saveall), include_workers, strict,
             mlflow, stop_check_interval, flight_recorder=flight_recorder)
         self.torch = TorchAdapter(step_boundary)
-        super().__init__(options, self.torch, collection_manager=_pending.take(),
+        super().__init__(options, self.torch, collection_manager=pending.take(),
                          default_include_collections=self._default_include,
                          default_saved_collections=DEFAULT_INCLUDE_COLLECTIONS)
 
