@@ -58,10 +58,11 @@ def no_refresh(trials: T) -> AbstractContextManager[T]:
     look, as smdebug's do.
 
     Args:
-        trials: a Trial or a list of Trials.
+        trials: a Trial or a list of Trials to hold still.
 
     Returns:
-        a context manager that yields ``trials`` as given.
+        a context manager that turns each trial's ``dynamic_refresh`` off, yields ``trials`` as
+        given, and puts each trial's previous setting back on leaving.
 
     Raises:
         MltraceTypeError: ``trials`` is neither a trial nor a list of trials.
@@ -71,16 +72,10 @@ def no_refresh(trials: T) -> AbstractContextManager[T]:
 
 def refresh(trials: T) -> AbstractContextManager[T]:
     """Within the block, queries on ``trials`` look for new files again (inside a
-    ``no_refresh`` block, for example).
-
-    Args:
-        trials: a Trial or a list of Trials.
-
-    Returns:
-        a context manager that yields ``trials`` as given.
-
-    Raises:
-        MltraceTypeError: ``trials`` is neither a trial nor a list of trials.
+    ``no_refresh`` block, for example): ``no_refresh``'s mirror, with the same argument, the
+    same yield (``trials`` as given), the same restoring of each trial's previous
+    ``dynamic_refresh`` on leaving, and the same MltraceTypeError for anything but a trial or a
+    list of trials.
     """
     return _switched(trials, True, "refresh")
 
