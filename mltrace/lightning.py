@@ -138,33 +138,43 @@ class MltraceCallback(pl.Callback):
     def on_validation_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                                   batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         """A validation batch: an EVAL step (not during the sanity check)."""
-        if not trainer.sanity_checking:
-            self.capture.begin_batch(ModeKeys.EVAL)
+        self._loop_batch_began(trainer, ModeKeys.EVAL)
 
     @guarded()
     def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                                 outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         """What validation_step returned, if it is a loss."""
-        if not trainer.sanity_checking:
-            self.capture.save_loss(_loss_of(outputs))
+        self._loop_batch_ended(trainer, outputs)
 
     @guarded()
     def on_test_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                             batch_idx: int, dataloader_idx: int = 0) -> None:
         """A test batch: an EVAL step."""
-        self.capture.begin_batch(ModeKeys.EVAL)
+        self._loop_batch_began(trainer, ModeKeys.EVAL)
 
     @guarded()
     def on_test_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
                           batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         """What test_step returned, if it is a loss."""
-        self.capture.save_loss(_loss_of(outputs))
+        self._loop_batch_ended(trainer, outputs)
 
     @guarded()
     def on_predict_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                                batch_idx: int, dataloader_idx: int = 0) -> None:
         """A predict batch: a PREDICT step."""
-        self.capture.begin_batch(ModeKeys.PREDICT)
+        self._loop_batch_began(trainer, ModeKeys.PREDICT)
+
+    def _loop_batch_began(self, trainer: pl.Trainer, mode: ModeKeys) -> None:
+        """A batch of the validation, test or predict loop begins a step of ``mode``, except in
+        the sanity check (only fit's validation loop has one; Lightning discards its results)."""
+        if not trainer.sanity_checking:
+            self.capture.begin_batch(mode)
+
+    def _loop_batch_ended(self, trainer: pl.Trainer, outputs: Any) -> None:
+        """What a validation or test step returned, saved if it is a loss (not in the sanity
+        check)."""
+        if not trainer.sanity_checking:
+            self.capture.save_loss(_loss_of(outputs))
 
     @guarded()
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
