@@ -36,8 +36,29 @@ ERROR = "Error"
 NOTHING_CHECKED = "NothingChecked"
 
 
+@dataclass(kw_only=True)
+class RuleFindings:
+    """What a rule execution found: the rule's result keeps it, and so does ``mltrace watch``'s
+    record of the execution (mltrace.watch.state.Outcome), which copies it with ``take_findings``.
+    Keyword-only, so that a record's own fields keep their positions."""
+
+    evaluated_steps: int = 0
+    fired_steps: list[int] = field(default_factory=list)
+    first_step: int | None = None
+    message: str | None = None
+    mlflow_run_id: str | None = None
+
+    def take_findings(self, other: RuleFindings) -> None:
+        """Copy ``other``'s findings into this record (its fired steps as a list of its own)."""
+        self.evaluated_steps = other.evaluated_steps
+        self.fired_steps = list(other.fired_steps)
+        self.first_step = other.first_step
+        self.message = other.message
+        self.mlflow_run_id = other.mlflow_run_id
+
+
 @dataclass
-class RuleResult:
+class RuleResult(RuleFindings):
     """What one execution of a rule found (also the JSON written into the trial)."""
 
     rule: str
@@ -46,15 +67,10 @@ class RuleResult:
     status: str = IN_PROGRESS
     started: float = field(default_factory=time.time)
     ended: float | None = None
-    evaluated_steps: int = 0
-    fired_steps: list[int] = field(default_factory=list)
-    first_step: int | None = None
-    message: str | None = None
     error: str | None = None
     #: the Python traceback of an error (None unless ``error``), for the MLflow run's artifact
     traceback: str | None = None
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-    mlflow_run_id: str | None = None
     mlflow_experiment_id: str | None = None
     #: the rule run's page in the MLflow UI (set by the MLflow listener when the tracking store
     #: is a server, whose address is the UI's), in the UI's machine-learning view

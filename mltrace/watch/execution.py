@@ -151,11 +151,7 @@ def run_execution(execution: Execution) -> state.Outcome:
                          "result is in the trial's mltrace_rules/")
     if result is not None:
         outcome.rule_status = result.status
-        outcome.mlflow_run_id = result.mlflow_run_id
-        outcome.evaluated_steps = result.evaluated_steps
-        outcome.fired_steps = list(result.fired_steps)
-        outcome.first_step = result.first_step
-        outcome.message = result.message
+        outcome.take_findings(result)
     outcome.ended = time.time()
     if outcome.status in (state.FINISHED, state.FAILED):  # never a deleted trial's folder back
         state.record(outcome, trial.storage)

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from mltrace.format import paths
+from mltrace.rules.results import RuleFindings
 from mltrace.storage import Storage, open_storage
 
 logger = logging.getLogger(__name__)
@@ -26,19 +27,15 @@ UNAVAILABLE = "unavailable"  # the trial could not be opened: tried again (never
 
 
 @dataclass
-class Outcome:
-    """What one rule execution ended with (also the JSON kept in the trial)."""
+class Outcome(RuleFindings):
+    """What one rule execution ended with (also the JSON kept in the trial): the watcher's
+    status and error, and the rule's status and findings."""
 
     trial: str
     key: str
     rule: str
     status: str
     rule_status: str | None = None
-    mlflow_run_id: str | None = None
-    evaluated_steps: int = 0
-    fired_steps: list[int] = field(default_factory=list)
-    first_step: int | None = None
-    message: str | None = None
     error: str | None = None
     started: float = 0.0
     ended: float = 0.0
