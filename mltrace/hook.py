@@ -21,7 +21,6 @@ from mltrace.capture.carried import CarriedValues
 from mltrace.capture.checkpoint import CheckpointState
 from mltrace.capture.clock import StepClock
 from mltrace.capture.errors import ErrorPolicy, guarded
-from mltrace.capture.flight_recorder import watch_exceptions
 from mltrace.capture.nan_watch import NanWatch
 from mltrace.capture.options import HookOptions
 from mltrace.capture.out_dir import OutDirGuard, open_out_dir
@@ -29,10 +28,10 @@ from mltrace.capture.outputs import Outputs
 from mltrace.capture.plan import SavePlan
 from mltrace.capture.recording import Recording
 from mltrace.capture.stop import StopSignal
-from mltrace.collections import Collection, CollectionKeys, CollectionManager
+from mltrace.collections import Collection, CollectionManager
 from mltrace.config import ReductionConfig, SaveConfig, name_list
 from mltrace.exceptions import MltraceTypeError, MltraceValueError, StopTrainingRequested
-from mltrace.format import SCALAR_PREFIX, paths
+from mltrace.format import paths
 from mltrace.modes import ModeKeys
 from mltrace.tensorboard_export import resolve_tensorboard_dir
 
@@ -120,25 +119,19 @@ class Hook:
         self.tensorboard_dir = resolve_tensorboard_dir(
             options.out_dir, options.export_tensorboard, options.tensorboard_dir)
         self.storage = open_out_dir(options.out_dir, self.tensorboard_dir, options.dry_run)
-        self.save_config = options.hook_save_config(default_save_config)
-        self.reduction_config = options.hook_reduction_config()
-        self.plan = SavePlan(collection_manager or CollectionManager(),
-                             options.included(default_include_collections, default_saved_collections),
-                             self.save_config, self.reduction_config,
-                             self.adapter.builtin_collections, self.adapter.is_member)
-        if options.include_regex:
-            self.plan.include_pattern(CollectionKeys.DEFAULT, options.include_regex)
-        if options.save_all:
-            self.plan.include_pattern(CollectionKeys.ALL, ".*")
+        self.plan = SavePlan.for_hook(options, collection_manager or CollectionManager(), default_include_collections,
+                                      default_saved_collections, default_save_config,
+                                      self.adapter.builtin_collections, self.adapter.is_member)
+        self.save_config, self.reduction_config = self.plan.save_config, self.plan.reduction_config
         self.clock = StepClock()
         self.nan_watch = NanWatch()
         self.outputs = Outputs(self.storage, self.tensorboard_dir, options.strict, self.adapter, self.clock,
                                lambda: self.collection_manager.to_json(), OutDirGuard.of(self.storage, options.dry_run))
         self.stop = StopSignal(self.storage, options.stop_check_interval)
-        #: The flight recorder and its links to the hook's parts, if the options ask for one.
-        self.recording = Recording.from_options(options, self.adapter, self.plan, self.stop, lambda: self.sinks)
-        if self.recording is not None and options.flight_recorder.on_exception:  # type: ignore[union-attr]
-            watch_exceptions(self)
+        #: The flight recorder (mltrace.capture.flight_recorder) and its links to the hook's parts, if asked for.
+        self.recording = Recording.from_options(options, self.adapter, self.plan, self.stop, lambda: self.sinks,
+                                                writing=lambda: not self._closed and not self.disabled)
+        self.recorder = self.recording.recorder if self.recording is not None else None
         self.step_active = False  # the fast-path flag adapters test before doing any work
         #: True once the current step's files are written (see end_step).
         self.step_written = False
@@ -174,8 +167,6 @@ class Hook:
     mode = property(lambda self: self.clock.mode, doc="The mode of the current step.")
     mode_steps = property(lambda self: self.clock.mode_steps, doc="Each mode's step.")
     stop_requested = property(lambda self: self.stop.requested, doc="A rule's stop signal, or None.")
-    recorder = property(lambda self: self.recording.recorder if self.recording is not None else None,
-                        doc="The flight recorder (mltrace.capture.flight_recorder), or None.")
 
     # -- collections ----------------------------------------------------------------------------
     def get_collection(self, name: str, create: bool = True) -> Collection:
@@ -224,11 +215,8 @@ class Hook:
 
     def begin_step(self, step: int | None = None) -> None:
         """Close the previous step and start the next one: adapters call this at a step boundary.
-
-        ``step`` (optional) sets the global step and the current mode's step to that number
-        instead of counting up by one, as smdebug's XGBoost hook does. It must be above the
-        current step.
-        """
+        ``step`` (optional) sets the global and the mode's step to that number instead of counting
+        up by one (as smdebug's XGBoost hook does); it must be above the current step."""
         if self.strict:
             self.outputs.raise_write_failure()
         if not self.step_written:
@@ -250,9 +238,8 @@ class Hook:
         self.adapter.on_step_begin()
 
     def _decide_due(self) -> bool:
-        """Ask the save plan what is due at the current step; set the adapters' fast-path flag
-        (also on for the NaN watch and a flight recorder, which look at every step). True if
-        something is due."""
+        """Ask the save plan what is due at the current step (True if something is); set the
+        adapters' fast-path flag, also on for the NaN watch and a flight recorder (every step)."""
         due = self.plan.begin(self.clock.mode, self.clock.mode_step)
         recording = self.recording is not None and self.recording.active and self.writer is not None
         self.step_active = due or bool(self.plan.nan_watch) or recording
@@ -266,10 +253,7 @@ class Hook:
             return
         if self.step_active:
             self.adapter.on_step_end()
-        held = self.nan_watch.take()
-        if held:
-            logger.info("NaN seen at step %d: saving %d watched tensors", self.step, len(held))
-        for name, array, colls in held:
+        for name, array, colls in self.nan_watch.take(self.step):
             self.outputs.write_tensor(name, array, array, colls, on_host=True)
         if self.writer.step_open or self.outputs.pending_scalars:
             self._out_dir_replaced()
@@ -311,9 +295,7 @@ class Hook:
         array = self.adapter.to_numpy(value)
         if array.size != 1:
             raise MltraceValueError(f"save_scalar({name!r}): value has {array.size} elements; pass one number")
-        self.outputs.pending_scalars.append((SCALAR_PREFIX + name, array, timestamp))
-        if self.sinks:
-            self.outputs.log_to_sinks(name, float(array.reshape(-1)[0]), max(self.clock.mode_step, 0))
+        self.outputs.save_scalar(name, array, timestamp)
 
     @guarded(user_facing=True)
     def save_tensor(self, tensor_name: str, tensor_value: Any,
@@ -325,25 +307,16 @@ class Hook:
         if self.adapter.defer_symbolic(lambda v: self.save_tensor(tensor_name, v, names), tensor_value):
             return
         if self.step_written or not self.clock.started:
-            # Before the first step (smdebug queued these too) or after the step's files were
-            # written: saved with the next step. The collections are made now, so that naming
-            # one in include_collections and filling it only this way is valid.
+            # Saved with the next step (mltrace.capture.carried). The collections are made now, so
+            # that naming one in include_collections and filling it only this way is valid.
             if not self.plan.prepared:
-                for cname in names:
-                    self.get_collection(cname).add_tensor_name(tensor_name)
-                    self.plan.include(cname)
+                self.plan.add_tensor(tensor_name, names)
             self.carried.hold(tensor_name, tensor_value, names, self.adapter.to_numpy)
             return
         self._save_tensor(tensor_name, tensor_value, names)
 
     def _save_tensor(self, tensor_name: str, tensor_value: Any, names: list[str]) -> None:
-        added = False
-        for cname in names:
-            coll = self.get_collection(cname)
-            coll.add_tensor_name(tensor_name)
-            added = self.plan.add_saved(coll) or added
-        self.plan.forget(tensor_name)
-        if added:
+        if self.plan.add_tensor(tensor_name, names):
             self._decide_due()  # a collection saved from now on may be due this step
         if self.plan.prepared and self.clock.started:
             self.save_for_tensor(tensor_name, tensor_value)
@@ -370,10 +343,9 @@ class Hook:
     @guarded(user_facing=True)
     def flush(self) -> None:
         """Make the trial readable up to now: write the current step's files, the collections
-        file and the TensorBoard summaries, and wait until they are on storage. Hooks call this
-        where training ends (Keras' on_train_end, a tf.compat.v1 session's end, XGBoost's
-        after_training, the Transformers and Lightning callbacks); values saved after it go to
-        the next step. ``close()`` does all this and also marks the trial finished.
+        file and the TensorBoard summaries, and wait until they are on storage (hooks call this
+        where training ends: Keras' on_train_end, XGBoost's after_training, the trainer callbacks).
+        Values saved after it go to the next step; ``close()`` also marks the trial finished.
 
         Raises:
             mltrace.exceptions.TrialWriteError: with ``strict=True``, a file that could not be
@@ -389,9 +361,8 @@ class Hook:
             self.outputs.raise_write_failure()
 
     def check_recorder_budget(self, tensors: Iterable[tuple[str, int]]) -> None:
-        """Adapters call this with the tensors they know before training ((name, bytes): a
-        model's parameters and gradients): a flight recorder whose budget cannot hold one step
-        of those is a configuration error, raised to the user (mltrace.capture.flight_recorder).
+        """Adapters call this with the tensors they know before training ((name, bytes): a model's
+        parameters and gradients): a flight recorder's budget too small for one step is an error.
 
         Raises:
             mltrace.exceptions.MltraceValueError: the budget is too small for one step.
@@ -412,12 +383,6 @@ class Hook:
                 "dump_flight_recorder: this hook has no flight recorder; pass "
                 "flight_recorder=FlightRecorderConfig(steps=50) to the hook")
         self.recording.dump(reason, self.step_written or not self.step_active, self.writer)
-
-    def flight_recorder_exception(self, reason: str) -> None:
-        """An exception escaped the training script (see watch_exceptions): dump at the
-        current step's end, which closing the hook at exit writes."""
-        if self.recorder is not None and not self._closed and not self.disabled:
-            self.recorder.trigger("exception", reason)
 
     def _out_dir_replaced(self) -> bool:
         """True if the out_dir was deleted (and maybe made again for another run) since this hook
@@ -472,8 +437,7 @@ class Hook:
             raise sink_error
 
     def __getstate__(self) -> dict[str, Any]:
-        # As smdebug: a pickled hook (DataLoader workers, multiprocessing) carries nothing.
-        return {}
+        return {}  # as smdebug: a pickled hook (DataLoader workers, multiprocessing) carries nothing
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.errors = ErrorPolicy(False, lambda reason: None)

@@ -605,11 +605,12 @@ _recorders: weakref.WeakSet[Any] = weakref.WeakSet()
 _installed = False
 
 
-def watch_exceptions(hook: Any) -> None:
-    """Have an exception that escapes the script dump ``hook``'s recorder (sys.excepthook, and
-    threading.excepthook for a training thread), before the interpreter's exit closes it."""
+def watch_exceptions(recording: Any) -> None:
+    """Have an exception that escapes the script trigger a dump of ``recording`` (anything with
+    ``on_exception(reason)``; sys.excepthook, and threading.excepthook for a training thread),
+    which the hook writes when the interpreter's exit closes it."""
     global _installed
-    _recorders.add(hook)
+    _recorders.add(recording)
     if _installed:
         return
     _installed = True
@@ -633,8 +634,8 @@ def _dump_all(exc_type: type[BaseException], exc: BaseException | None) -> None:
         reason = "KeyboardInterrupt"
     else:
         reason = f"{exc_type.__name__}: {exc}"
-    for hook in list(_recorders):
+    for recording in list(_recorders):
         try:
-            hook.flight_recorder_exception(reason)
+            recording.on_exception(reason)
         except Exception:  # noqa: BLE001 - the user's exception is what must be reported
             logger.debug("flight recorder dump on exception failed", exc_info=True)

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -11,6 +12,8 @@ import numpy as np
 
 from mltrace.collections import Collection
 from mltrace.modes import ModeKeys
+
+logger = logging.getLogger("mltrace.hook")
 
 
 class NanWatch:
@@ -51,7 +54,11 @@ class NanWatch:
         """Keep ``array`` until the step ends, to be written to ``colls`` if a NaN shows up."""
         self.held.append((name, array, colls))
 
-    def take(self) -> list[tuple[str, np.ndarray, tuple[Collection, ...]]]:
-        """The held values to write at the step's end (none unless a NaN was seen); clears them."""
+    def take(self, step: int) -> list[tuple[str, np.ndarray, tuple[Collection, ...]]]:
+        """The held values to write at the end of ``step`` (none unless a NaN was seen); clears
+        them."""
         held, self.held = self.held, []
-        return held if self.seen else []
+        if not (self.seen and held):
+            return []
+        logger.info("NaN seen at step %d: saving %d watched tensors", step, len(held))
+        return held

@@ -24,6 +24,7 @@ from mltrace.collections import (
     Collection,
 )
 from mltrace.exceptions import MltraceTypeError
+from mltrace.format import SCALAR_PREFIX
 from mltrace.reductions import reduction_tensor_name
 from mltrace.storage.base import Storage
 from mltrace.tensorboard_export import TensorBoardWriter, clean_tag
@@ -269,6 +270,13 @@ class Outputs:
         from mltrace import plugins  # entry points are read only by hooks that log somewhere
 
         self.sinks.extend(plugins.create_sink(name, hook, dict(options)) for name, options in sinks.items())
+
+    def save_scalar(self, name: str, array: np.ndarray, timestamp: float | None) -> None:
+        """Keep a one-element ``array`` as ``scalar/<name>`` for the step's end, and hand it to
+        the sinks now (at the current mode's step; 0 before the first)."""
+        self.pending_scalars.append((SCALAR_PREFIX + name, array, timestamp))
+        if self.sinks:
+            self.log_to_sinks(name, float(array.reshape(-1)[0]), max(self._clock.mode_step, 0))
 
     def log_to_sinks(self, name: str, value: float, mode_step: int) -> None:
         """Hand a scalar to every sink. A sink that raises is the sink's problem, not the

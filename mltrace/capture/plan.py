@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import logging
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from mltrace.collections import (
     NON_REDUCTION_COLLECTIONS,
@@ -22,6 +23,9 @@ from mltrace.collections import (
 from mltrace.config import ReductionConfig, SaveConfig
 from mltrace.exceptions import InvalidCollectionConfiguration, MltraceValueError
 from mltrace.modes import ModeKeys
+
+if TYPE_CHECKING:
+    from mltrace.capture.options import HookOptions
 
 logger = logging.getLogger("mltrace.hook")
 
@@ -61,6 +65,22 @@ class SavePlan:
         for coll in manager.get_collections().values():
             self.adopt(coll)
 
+    @classmethod
+    def for_hook(cls, options: HookOptions, manager: CollectionManager, default_include: Iterable[str],
+                 always: Iterable[str], default_save_config: SaveConfig | None,
+                 builtin: frozenset[str], is_member: Callable[[Collection, str], bool]) -> SavePlan:
+        """The plan of a hook built with ``options``: the collections named (else the adapter's
+        ``default_include``) and those it ``always`` saves, ``include_regex`` added to the
+        ``default`` collection and ``save_all`` to ``all``, each then saved too."""
+        plan = cls(manager, options.included(default_include, always),
+                   options.hook_save_config(default_save_config), options.hook_reduction_config(),
+                   builtin, is_member)
+        if options.include_regex:
+            plan.include_pattern(CollectionKeys.DEFAULT, options.include_regex)
+        if options.save_all:
+            plan.include_pattern(CollectionKeys.ALL, ".*")
+        return plan
+
     # -- collections ----------------------------------------------------------------------------
     def adopt(self, coll: Collection) -> Collection:
         """Let ``coll`` use the hook's configs where it sets none; returns it."""
@@ -90,6 +110,18 @@ class SavePlan:
             self.watched.append(coll)
         self._members.clear()
         return True
+
+    def add_tensor(self, name: str, collections: Iterable[str]) -> bool:
+        """Put the tensor ``name`` into the named collections (created if needed) and save them:
+        before the first step by name, after it from now on (save_tensor). True if a collection
+        is saved from now on that was not before (what is due this step may have changed)."""
+        added = False
+        for cname in collections:
+            coll = self.adopt(self.manager.get(cname, create=True))
+            coll.add_tensor_name(name)
+            added = self.add_saved(coll) or added
+        self.forget(name)
+        return added
 
     def prepare(self) -> None:
         """Fix what is saved, before the first step (collections may be added until then).

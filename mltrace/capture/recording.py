@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from mltrace.capture.adapter import Adapter
-from mltrace.capture.flight_recorder import FlightRecorder, check_collections
+from mltrace.capture.flight_recorder import FlightRecorder, check_collections, watch_exceptions
 from mltrace.capture.options import HookOptions
 from mltrace.capture.outputs import Outputs
 from mltrace.capture.plan import SavePlan
@@ -33,21 +33,25 @@ class Recording:
         stop: the hook's stop signal (it finds dump requests from rules and ``mltrace dump``).
         sinks: the hook's tracking sinks, read at each dump (sinks may be added later).
         strict: raise a sink's failure instead of logging it.
+        writing: whether the hook still writes (an exception after close dumps nothing).
     """
 
     def __init__(self, recorder: FlightRecorder, plan: SavePlan, stop: StopSignal,
-                 sinks: Callable[[], list[Any]], strict: bool) -> None:
+                 sinks: Callable[[], list[Any]], strict: bool, writing: Callable[[], bool]) -> None:
         self.recorder = recorder
+        self.writing = writing
         self.plan = plan
         self.stop = stop
         self._sinks = sinks
         self._strict = strict
         recorder.on_dump = self._tell_sinks
         stop.watch_dump_requests = True
+        if recorder.config.on_exception:
+            watch_exceptions(self)
 
     @classmethod
     def from_options(cls, options: HookOptions, adapter: Adapter, plan: SavePlan, stop: StopSignal,
-                     sinks: Callable[[], list[Any]]) -> Recording | None:
+                     sinks: Callable[[], list[Any]], writing: Callable[[], bool]) -> Recording | None:
         """The recording the options ask for; None without a ``flight_recorder`` or in a dry run.
 
         Raises:
@@ -59,7 +63,7 @@ class Recording:
         assert not isinstance(config, (dict, bool))  # HookOptions parsed it
         if config.collections is not None:
             check_collections(config.collections, plan.manager.get_collections())
-        return cls(FlightRecorder(config, adapter), plan, stop, sinks, options.strict)
+        return cls(FlightRecorder(config, adapter), plan, stop, sinks, options.strict, writing)
 
     def prepare(self) -> None:
         """The saved collections are fixed: resolve the recorded ones, which the plan then
@@ -103,6 +107,12 @@ class Recording:
         """A dump asked for by hand: written now when no step is open, else at the step's end."""
         if self.recorder.trigger("manual", str(reason)) and between_steps:
             self.recorder.dump_pending(writer)
+
+    def on_exception(self, reason: str) -> None:
+        """An exception escaped the training script: dump at the current step's end, which
+        closing the hook at exit writes."""
+        if self.writing():
+            self.recorder.trigger("exception", reason)
 
     def check_budget(self, tensors: Iterable[tuple[str, int]], adapter: Adapter) -> None:
         """Raise if the budget cannot hold one step of ``tensors`` ((name, bytes) known before
