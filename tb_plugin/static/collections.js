@@ -1,6 +1,6 @@
 // mltrace tab: the Collections panel (each collection, its configuration and tensors).
 
-import {el, getJSON} from "./dom.js";
+import {el, runSections} from "./dom.js";
 
 function saveConfigText(sc) {
   return Object.entries(sc).map(([mode, c]) => {
@@ -12,19 +12,8 @@ function saveConfigText(sc) {
   }).join("\n");
 }
 
-export async function collectionsPanel(ctx) {
-  for (const run of ctx.state.selected) {
-    const section = el("section", {class: "mt-run-section"}, el("h3", {}, run));
-    ctx.root.appendChild(section);
-    let answer;
-    try {
-      answer = await getJSON("collections", {run}, ctx.signal);
-    } catch (err) {
-      if (err.name === "AbortError") throw err;
-      section.appendChild(el("div", {class: "mt-error"}, err.message));
-      continue;
-    }
-    if (!ctx.alive()) return;
+export function collectionsPanel(ctx) {
+  return runSections(ctx, "collections", (section, answer) => {
     const table = el("table", {class: "mt-table mt-collections"},
       el("tr", {}, ["Collection", "Include regexes", "Save config", "Reductions", "Histogram", "Tensors"].map((h) => el("th", {}, h))));
     for (const c of answer.collections) {
@@ -40,5 +29,5 @@ export async function collectionsPanel(ctx) {
           el("ul", {}, c.tensors.map((t) => el("li", {}, t)))))));
     }
     section.appendChild(table);
-  }
+  });
 }

@@ -48,6 +48,29 @@ export async function getJSON(route, params = {}, signal = undefined) {
   return body;
 }
 
+/**
+ * One section per selected run, each headed by the run's name and filled by
+ * `fill(section, answer)` with the answer of the backend route `route` for that run. A run whose
+ * request fails shows the error in its own section and the next run goes on; a panel that was
+ * left (`ctx.alive()` false) stops there.
+ */
+export async function runSections(ctx, route, fill) {
+  for (const run of ctx.state.selected) {
+    const section = el("section", {class: "mt-run-section"}, el("h3", {}, run));
+    ctx.root.appendChild(section);
+    let answer;
+    try {
+      answer = await getJSON(route, {run}, ctx.signal);
+    } catch (err) {
+      if (isAbort(err)) throw err;
+      section.appendChild(el("div", {class: "mt-error"}, err.message));
+      continue;
+    }
+    if (!ctx.alive()) return;
+    fill(section, answer);
+  }
+}
+
 export function isAbort(err) {
   return err && err.name === "AbortError";
 }

@@ -3,7 +3,7 @@
 // Above the rules, the flight recorder: the first non-finite tensor, prominently, and each dump.
 // Steps are global steps, with the mode step beside (what the rule's own message counts in).
 
-import {el, getJSON} from "./dom.js";
+import {el, runSections} from "./dom.js";
 import {dumpStepsText, firedText, splitRules, stepLabel, timeText} from "./data.js";
 
 function firstNonFinite(x) {
@@ -71,24 +71,13 @@ function table(rules, cls) {
     rules.map(ruleRow));
 }
 
-export async function rulesPanel(ctx) {
-  for (const run of ctx.state.selected) {
-    const section = el("section", {class: "mt-run-section"}, el("h3", {}, run));
-    ctx.root.appendChild(section);
-    let answer;
-    try {
-      answer = await getJSON("rules", {run}, ctx.signal);
-    } catch (err) {
-      if (err.name === "AbortError") throw err;
-      section.appendChild(el("div", {class: "mt-error"}, err.message));
-      continue;
-    }
-    if (!ctx.alive()) return;
+export function rulesPanel(ctx) {
+  return runSections(ctx, "rules", (section, answer) => {
     const recorder = flightRecorder(answer.flight_recorder);
     if (recorder) section.appendChild(recorder);
     if (!answer.rules.length) {
       section.appendChild(el("div", {class: "mt-note"}, "No rule has run on this trial yet (python -m mltrace.rules.rule_invoker --trial-dir ... --rule-name ...)."));
-      continue;
+      return;
     }
     const {loud, quiet} = splitRules(answer.rules);
     if (loud.length) section.appendChild(table(loud, "mt-rules-loud"));
@@ -101,5 +90,5 @@ export async function rulesPanel(ctx) {
       section.appendChild(el("div", {class: "mt-note"}, "MLflow links open the MLflow UI of this trial's tracking store; start it with ",
         el("code", {}, answer.mlflow.command)));
     }
-  }
+  });
 }
