@@ -16,6 +16,7 @@ from mltrace.capture.options import HookOptions
 from mltrace.collections import Collection as _CoreCollection
 from mltrace.collections import CollectionManager
 from mltrace.config import ReductionConfig, SaveConfig
+from mltrace.forwarding import Forwarded
 from mltrace.hook import Hook
 from mltrace.json_config import create_hook_from_config
 from mltrace.modes import ModeKeys
@@ -145,117 +146,38 @@ class TFHookAPI:
         mltrace.hook.Hook.close for what ``strict`` raises)."""
         self.core.close()
 
-    # -- settings and state, read-only ----------------------------------------------------------
-    @property
-    def out_dir(self) -> str:
-        """Where the trial is written."""
-        return self.core.out_dir
-
-    @property
-    def dry_run(self) -> bool:
-        """Decide everything, write nothing."""
-        return self.core.dry_run
-
-    @property
-    def strict(self) -> bool:
-        """Raise instead of going on."""
-        return self.core.strict
-
-    @property
-    def save_all(self) -> bool:
-        """Save every tensor the hook sees."""
-        return self.core.save_all
-
-    @property
-    def include_workers(self) -> str:
-        """"one" (only the chief writes) or "all"."""
-        return self.core.include_workers
-
-    @property
-    def include_collections(self) -> list[str]:
-        """Names of the collections saved."""
-        return self.core.include_collections
-
-    @property
-    def collection_manager(self) -> CollectionManager:
-        """This hook's collections."""
-        return self.core.collection_manager
-
-    @property
-    def save_config(self) -> SaveConfig:
-        """The hook's SaveConfig (used by collections that set none)."""
-        return self.core.save_config
-
-    @property
-    def reduction_config(self) -> ReductionConfig:
-        """The hook's ReductionConfig (used by collections that set none)."""
-        return self.core.reduction_config
-
-    @property
-    def tensorboard_dir(self) -> str | None:
-        """Where TensorBoard summaries go, or None."""
-        return self.core.tensorboard_dir
-
-    @property
-    def writer(self) -> TrialWriter | None:
-        """The trial writer (None until the first step, in dry runs and on other workers)."""
-        return self.core.writer
-
-    @property
-    def tensorboard(self) -> TensorBoardWriter | None:
-        """The TensorBoard writer, if exporting."""
-        return self.core.tensorboard
-
-    @property
-    def sinks(self) -> list[Any]:
-        """The tracking sinks (MLflow)."""
-        return self.core.sinks
-
-    @property
-    def disabled(self) -> bool:
-        """True after an internal error (the hook stopped saving; training went on)."""
-        return self.core.disabled
-
-    @property
-    def closed(self) -> bool:
-        """True once close() ran."""
-        return self.core.closed
-
-    @property
-    def step(self) -> int:
-        """The global step (-1 before the first)."""
-        return self.core.step
-
-    @property
-    def mode(self) -> ModeKeys:
-        """The mode of the current step."""
-        return self.core.mode
-
-    @property
-    def mode_steps(self) -> dict[ModeKeys, int]:
-        """Each mode's step."""
-        return self.core.mode_steps
-
-    @property
-    def worker(self) -> str:
-        """This process's worker name (known once the first step began)."""
-        return self.core.worker
-
-    @property
-    def num_workers(self) -> int:
-        """The number of workers of the job (known once the first step began)."""
-        return self.core.num_workers
-
-    @property
-    def recorder(self) -> FlightRecorder | None:
-        """The flight recorder (mltrace.capture.flight_recorder), if ``flight_recorder=`` asked
-        for one (None in dry runs)."""
-        return self.core.recorder
-
-    @property
-    def stop_requested(self) -> dict[str, Any] | None:
-        """A rule's stop signal (its rule, step and message), or None."""
-        return self.core.stop_requested
+    # -- settings and state, read-only: the core hook's (mltrace.hook.Hook) -----------------------
+    out_dir = Forwarded[str]("core", "Where the trial is written.")
+    dry_run = Forwarded[bool]("core", "Decide everything, write nothing.")
+    strict = Forwarded[bool]("core", "Raise instead of going on.")
+    save_all = Forwarded[bool]("core", "Save every tensor the hook sees.")
+    include_workers = Forwarded[str]("core", '"one" (only the chief writes) or "all".')
+    include_collections = Forwarded[list[str]]("core", "Names of the collections saved.")
+    collection_manager = Forwarded[CollectionManager]("core", "This hook's collections.")
+    save_config = Forwarded[SaveConfig](
+        "core", "The hook's SaveConfig (used by collections that set none).")
+    reduction_config = Forwarded[ReductionConfig](
+        "core", "The hook's ReductionConfig (used by collections that set none).")
+    tensorboard_dir = Forwarded[str | None]("core", "Where TensorBoard summaries go, or None.")
+    writer = Forwarded[TrialWriter | None](
+        "core", "The trial writer (None until the first step, in dry runs and on other workers).")
+    tensorboard = Forwarded[TensorBoardWriter | None](
+        "core", "The TensorBoard writer, if exporting.")
+    sinks = Forwarded[list[Any]]("core", "The tracking sinks (MLflow).")
+    disabled = Forwarded[bool](
+        "core", "True after an internal error (the hook stopped saving; training went on).")
+    closed = Forwarded[bool]("core", "True once close() ran.")
+    step = Forwarded[int]("core", "The global step (-1 before the first).")
+    mode = Forwarded[ModeKeys]("core", "The mode of the current step.")
+    mode_steps = Forwarded[dict[ModeKeys, int]]("core", "Each mode's step.")
+    worker = Forwarded[str]("core", "This process's worker name (known once the first step began).")
+    num_workers = Forwarded[int](
+        "core", "The number of workers of the job (known once the first step began).")
+    recorder = Forwarded[FlightRecorder | None](
+        "core", "The flight recorder (mltrace.capture.flight_recorder), if ``flight_recorder=`` "
+        "asked for one (None in dry runs).")
+    stop_requested = Forwarded[dict[str, Any] | None](
+        "core", "A rule's stop signal (its rule, step and message), or None.")
 
     def __getstate__(self) -> dict[str, Any]:
         return {}  # as smdebug: a pickled hook carries nothing

@@ -57,6 +57,7 @@ from mltrace.capture.flight_recorder import FlightRecorderConfig
 from mltrace.capture.options import HookOptions
 from mltrace.collections import Collection
 from mltrace.config import ReductionConfig, SaveConfig
+from mltrace.forwarding import Forwarded
 from mltrace.hook import Hook as CoreHook
 from mltrace.hook import get_hook as _current_hook
 from mltrace.hook import hook_of_class
@@ -152,33 +153,15 @@ class Hook(CoreHook):
         return create_hook_from_config(cls, json_file_path,
                                        save_defaults={"save_interval": DEFAULT_SAVE_INTERVAL})
 
-    # -- data given by the user (settable later, as smdebug's docs do) ---------------------------
-    @property
-    def hyperparameters(self) -> dict[str, Any] | None:
-        """The hyperparameters saved in collection ``hyperparameters`` (a dict, or None)."""
-        return self.xgboost.hyperparameters
-
-    @hyperparameters.setter
-    def hyperparameters(self, value: Mapping[str, Any] | None) -> None:
-        self.xgboost.hyperparameters = value
-
-    @property
-    def train_data(self) -> xgb.DMatrix | None:
-        """Data the SHAP values are computed on (set as a DMatrix, ``(X, y)`` or a file)."""
-        return self.xgboost.train_data
-
-    @train_data.setter
-    def train_data(self, value: Any) -> None:
-        self.xgboost.train_data = value
-
-    @property
-    def validation_data(self) -> xgb.DMatrix | None:
-        """Data the predictions and labels come from (set as train_data)."""
-        return self.xgboost.validation_data
-
-    @validation_data.setter
-    def validation_data(self, value: Any) -> None:
-        self.xgboost.validation_data = value
+    # -- data given by the user (settable later, as smdebug's docs do; the adapter checks it) ------
+    hyperparameters = Forwarded[dict[str, Any] | None](
+        "xgboost", "The hyperparameters saved in collection ``hyperparameters`` (a dict, or None).",
+        settable=True)
+    train_data = Forwarded[xgb.DMatrix | None](
+        "xgboost", "Data the SHAP values are computed on (set as a DMatrix, ``(X, y)`` or a file).",
+        settable=True)
+    validation_data = Forwarded[xgb.DMatrix | None](
+        "xgboost", "Data the predictions and labels come from (set as train_data).", settable=True)
 
     # -- the TrainingCallback interface ------------------------------------------------------------
     def before_training(self, model: Any) -> Any:
