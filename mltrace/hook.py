@@ -217,25 +217,37 @@ class Hook:
         """Close the previous step and start the next one: adapters call this at a step boundary.
         ``step`` (optional) sets the global and the mode's step to that number instead of counting
         up by one (as smdebug's XGBoost hook does); it must be above the current step."""
-        if self.strict:
-            self.outputs.raise_write_failure()
-        if not self.step_written:
-            self.end_step()
-        self.prepare()
-        if self.checkpoint is not None:  # smdebug's checkpoint support (mltrace.capture.checkpoint)
-            self.checkpoint.step_boundary(self.clock, counted=step is None, step_saved=self.step_active)
+        idle = step is None and self._idle()
+        if not idle:
+            if self.strict:
+                self.outputs.raise_write_failure()
+            if not self.step_written:
+                self.end_step()
+            self.prepare()
+            if self.checkpoint is not None:  # smdebug's checkpoint support (mltrace.capture.checkpoint)
+                self.checkpoint.step_boundary(self.clock, counted=step is None, step_saved=self.step_active)
         self.clock.advance(step)
         due = self._decide_due()
         self.step_written = False
-        self.nan_watch.begin_step()
-        self.outputs.begin_step(open_files=due)
+        if self.step_active or not idle:
+            self.nan_watch.begin_step()
+            self.outputs.begin_step(open_files=due)
         if self.writer is not None:
             self.stop.poll()
             if self.recording is not None:
                 self.recording.begin_step(self.clock.step, self.clock.mode, self.clock.mode_step)
-        for name, value, collections in self.carried.take():
-            self._save_tensor(name, value, collections)
+        if self.carried:
+            for name, value, collections in self.carried.take():
+                self._save_tensor(name, value, collections)
         self.adapter.on_step_begin()
+
+    def _idle(self) -> bool:
+        """True at a boundary where only the clock moves (most steps): the ending step wrote and
+        watched nothing, nothing waits for the next, and nothing else looks at every boundary."""
+        writer = self.writer
+        return (not self.step_active and writer is not None and not writer.step_open and not self.strict
+                and self.checkpoint is None and self.recording is None and not self.outputs.pending_scalars
+                and not self.carried)
 
     def _decide_due(self) -> bool:
         """Ask the save plan what is due at the current step (True if something is); set the
@@ -322,14 +334,10 @@ class Hook:
             self.save_for_tensor(tensor_name, tensor_value)
 
     def add_sink(self, name: str, options: dict[str, Any]) -> None:
-        """Start logging to a tracking sink (``"mlflow"``: the ``mlflow=`` options) after the
-        hook was built: trainer callbacks (mltrace.transformers, mltrace.lightning) attach MLflow
-        once the trainer's own MLflow logger has opened the run they share. Scalars saved before
-        are in the trial only. A dry run logs nowhere.
-
-        Raises:
-            mltrace.exceptions.MltraceValueError: the sink is attached already, or bad options.
-        """
+        """Start logging to a tracking sink (``"mlflow"``: the ``mlflow=`` options) after the hook
+        was built, as the trainer callbacks do once the trainer's MLflow logger opened its run;
+        scalars saved before are in the trial only, and a dry run logs nowhere. Raises
+        MltraceValueError: the sink is attached already, or bad options."""
         self.options.add_sink(name, options)
         if not self.dry_run:
             self.outputs.add_sinks({name: options}, self)
@@ -346,11 +354,7 @@ class Hook:
         file and the TensorBoard summaries, and wait until they are on storage (hooks call this
         where training ends: Keras' on_train_end, XGBoost's after_training, the trainer callbacks).
         Values saved after it go to the next step; ``close()`` also marks the trial finished.
-
-        Raises:
-            mltrace.exceptions.TrialWriteError: with ``strict=True``, a file that could not be
-                written.
-        """
+        With ``strict=True`` a file that could not be written raises TrialWriteError."""
         if self._closed or self.writer is None:
             return
         if self.clock.started and not self.step_written:
@@ -362,11 +366,8 @@ class Hook:
 
     def check_recorder_budget(self, tensors: Iterable[tuple[str, int]]) -> None:
         """Adapters call this with the tensors they know before training ((name, bytes): a model's
-        parameters and gradients): a flight recorder's budget too small for one step is an error.
-
-        Raises:
-            mltrace.exceptions.MltraceValueError: the budget is too small for one step.
-        """
+        parameters and gradients): a flight recorder's budget too small for one step raises
+        MltraceValueError."""
         if self.recording is not None:
             self.recording.check_budget(tensors, self.adapter)
 
@@ -374,10 +375,7 @@ class Hook:
     def dump_flight_recorder(self, reason: str = "asked by hand") -> None:
         """Write the flight recorder's steps to the trial now (between steps) or at the current
         step's end, and the next ``after_steps`` steps at full resolution, as any trigger does.
-
-        Raises:
-            mltrace.exceptions.MltraceValueError: the hook has no flight recorder.
-        """
+        Raises MltraceValueError if the hook has no flight recorder."""
         if self.recording is None:
             raise MltraceValueError(
                 "dump_flight_recorder: this hook has no flight recorder; pass "
@@ -393,13 +391,8 @@ class Hook:
 
     def close(self) -> None:
         """Write the last step, the collections and the end marker; also runs at interpreter exit.
-
-        Raises:
-            mltrace.exceptions.TrialWriteError: with ``strict=True``, a file that could not be
-                written and was not raised yet (everything else was still written and closed).
-            Exception: with ``strict=True``, the first error of a sink's ``close()`` (every sink
-                was still closed).
-        """
+        With ``strict=True`` it raises a TrialWriteError not raised yet, or the first error of a
+        sink's ``close()``, once everything else was written and closed."""
         if self._closed:
             return
         try:
