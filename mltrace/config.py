@@ -184,6 +184,15 @@ class SaveConfigMode:
             return False
         return step % self._save_interval == 0
 
+    def next_save_step(self, step: int) -> int | None:
+        """The first mode step at or after ``step`` that is due, or None if none ever is."""
+        extra = next((s for s in self._save_steps if s >= step), None)  # sorted
+        start = max(step, self._start_step)
+        due = -(-start // self._save_interval) * self._save_interval  # the interval's next multiple
+        if self._end_step is not None and due >= self._end_step:
+            return extra
+        return due if extra is None else min(due, extra)
+
     def to_json_dict(self) -> dict[str, Any]:
         """smdebug's dict form; ``when_nan`` is added only when set (smdebug ignores it)."""
         out: dict[str, Any] = {

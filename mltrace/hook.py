@@ -196,6 +196,7 @@ class Hook:
             self._open_outputs()
 
     def _prepare(self) -> None:
+        self.clock.quiet = 0
         self.adapter.on_prepare()
         self.plan.prepare()
         if self.recording is not None:
@@ -217,6 +218,10 @@ class Hook:
         """Close the previous step and start the next one: adapters call this at a step boundary.
         ``step`` (optional) sets the global and the mode's step to that number instead of counting
         up by one (as smdebug's XGBoost hook does); it must be above the current step."""
+        if step is None and self.clock.skip_quiet():  # most steps: only counted
+            self.step_written = False
+            self.stop.poll()
+            return
         idle = step is None and self._idle()
         if not idle:
             if self.strict:
@@ -240,18 +245,18 @@ class Hook:
             for name, value, collections in self.carried.take():
                 self._save_tensor(name, value, collections)
         self.adapter.on_step_begin()
+        if idle and not self.step_active:  # the following steps may be quiet too
+            self.clock.quiet = self.plan.quiet_steps(self.clock.mode, self.clock.mode_step)
 
     def _idle(self) -> bool:
-        """True at a boundary where only the clock moves (most steps): the ending step wrote and
-        watched nothing, nothing waits for the next, and nothing else looks at every boundary."""
+        """True where only the clock moves: nothing written, watched or waiting, no per-step check."""
         writer = self.writer
         return (not self.step_active and writer is not None and not writer.step_open and not self.strict
                 and self.checkpoint is None and self.recording is None and not self.outputs.pending_scalars
                 and not self.carried)
 
     def _decide_due(self) -> bool:
-        """Ask the save plan what is due at the current step (True if something is); set the
-        adapters' fast-path flag, also on for the NaN watch and a flight recorder (every step)."""
+        """Ask the plan what is due now (True if anything); set the adapters' fast-path flag."""
         due = self.plan.begin(self.clock.mode, self.clock.mode_step)
         recording = self.recording is not None and self.recording.active and self.writer is not None
         self.step_active = due or bool(self.plan.nan_watch) or recording
@@ -302,6 +307,7 @@ class Hook:
         sent ``sm_metric=True`` scalars to SageMaker Metrics).
         """
         check_tensor_name(name, "save_scalar name")
+        self.clock.quiet = 0  # the step has something to write
         if self.adapter.defer_symbolic(lambda v: self.save_scalar(name, v, sm_metric, timestamp), value):
             return
         array = self.adapter.to_numpy(value)
@@ -315,6 +321,7 @@ class Hook:
         """Save a tensor of your own into the named collections (created if needed) this step,
         if one of them is due; after the step's files were written (see end_step), at the next."""
         check_tensor_name(tensor_name, "save_tensor name")
+        self.clock.quiet = 0
         names = name_list("collections_to_write", collections_to_write, "collection name", "weights")
         if self.adapter.defer_symbolic(lambda v: self.save_tensor(tensor_name, v, names), tensor_value):
             return

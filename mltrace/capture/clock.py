@@ -17,6 +17,9 @@ class StepClock:
         self.mode_steps: dict[ModeKeys, int] = {m: -1 for m in ModeKeys}
         #: The mode the current step began in (its TensorBoard run, even after set_mode).
         self.step_mode = ModeKeys.GLOBAL
+        #: Coming steps of this mode at which the hook has nothing to do (set by the hook from
+        #: SavePlan.quiet_steps; 0 after anything that could change that: see skip_quiet).
+        self.quiet = 0
 
     @property
     def mode_step(self) -> int:
@@ -44,3 +47,17 @@ class StepClock:
         if self.mode is not ModeKeys.GLOBAL:
             self.mode_steps[ModeKeys.GLOBAL] = self.step
         self.step_mode = self.mode
+
+    def skip_quiet(self) -> bool:
+        """Begin the next step if it is a quiet one (counted in ``quiet``, same mode): the hook
+        does nothing else at such a boundary. False (nothing changed) otherwise. Kept to a few
+        lines: it runs at most steps of a training, right after the model's last kernels left
+        the interpreter's caches cold."""
+        if self.quiet <= 0 or self.mode is not self.step_mode:
+            return False
+        self.quiet -= 1
+        self.step += 1
+        self.mode_steps[self.mode] += 1
+        if self.mode is not ModeKeys.GLOBAL:
+            self.mode_steps[ModeKeys.GLOBAL] = self.step
+        return True

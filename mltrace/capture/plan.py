@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger("mltrace.hook")
 
 
+#: The most steps the hook counts without asking the plan (see SavePlan.quiet_steps).
+QUIET_LIMIT = 100
+
+
 class SavePlan:
     """The collections of a hook and the decision of what is saved when.
 
@@ -230,6 +234,19 @@ class SavePlan:
             and c.effective_save_config().mode_save_configs[mode].should_save_step(mode_step)
         )
         return bool(self._due)
+
+    def quiet_steps(self, mode: ModeKeys, mode_step: int) -> int:
+        """How many steps after ``mode_step`` of ``mode`` no saved collection is due: the hook
+        only counts those (StepClock.skip_quiet). At most QUIET_LIMIT, so that a save config
+        changed during training takes effect within that many steps."""
+        train_only = mode is ModeKeys.EVAL or mode is ModeKeys.PREDICT
+        quiet = QUIET_LIMIT
+        for c in self.saved:
+            if not (train_only and c.name in TRAIN_ONLY_COLLECTIONS):
+                due = c.effective_save_config().mode_save_configs[mode].next_save_step(mode_step + 1)
+                if due is not None:
+                    quiet = min(quiet, due - mode_step - 1)
+        return quiet
 
     def due_for(self, collections: Iterable[Collection]) -> list[Collection]:
         """Those of ``collections`` that are due this step."""
