@@ -445,9 +445,10 @@ class TorchAdapter(Adapter):
         (``raise_stop``: a rule's stop request closes the trial and raises, before that)."""
         self._boundary_at = self.optimizer_steps.count
         self._grad_scale = None
-        self._save_sharded_reductions()
+        if self._sharded_saves:
+            self._save_sharded_reductions()
         hook.begin_step()
-        if raise_stop and hook.stop_requested is not None:
+        if raise_stop and hook.stop.requested is not None:
             # A rule asked to stop: finish the trial, then end the user's loop at this boundary.
             raise hook.stop_training_error()
         if hook.step_active and self._parameters_watched:

@@ -93,8 +93,10 @@ def detached(value: Any) -> list[torch.Tensor]:
     return [t.detach() for t in tensors_in(value)]
 
 
+_graph_task_id = getattr(torch._C, "_current_graph_task_id", None)  # private, no public equivalent
+
+
 def in_backward() -> bool:
     """True inside the autograd engine (a backward pass): activation checkpointing re-runs
     forward there, and its outputs must not be saved a second time."""
-    task_id = getattr(torch._C, "_current_graph_task_id", None)
-    return task_id is not None and task_id() != -1
+    return _graph_task_id is not None and _graph_task_id() != -1
