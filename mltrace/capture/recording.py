@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from mltrace.capture.adapter import Adapter
@@ -24,10 +25,11 @@ from mltrace.writer import TrialWriter
 logger = logging.getLogger("mltrace.hook")
 
 
+@dataclass(eq=False)  # identity: the exception hook keeps recordings in a WeakSet
 class Recording:
     """One hook's flight recorder and the hook parts it works with.
 
-    Args:
+    Attributes:
         recorder: the ring and its triggers.
         plan: the hook's save plan (its collections decide what a budget check counts).
         stop: the hook's stop signal (it finds dump requests from rules and ``mltrace dump``).
@@ -36,17 +38,17 @@ class Recording:
         writing: whether the hook still writes (an exception after close dumps nothing).
     """
 
-    def __init__(self, recorder: FlightRecorder, plan: SavePlan, stop: StopSignal,
-                 sinks: Callable[[], list[Any]], strict: bool, writing: Callable[[], bool]) -> None:
-        self.recorder = recorder
-        self.writing = writing
-        self.plan = plan
-        self.stop = stop
-        self._sinks = sinks
-        self._strict = strict
-        recorder.on_dump = self._tell_sinks
-        stop.watch_dump_requests = True
-        if recorder.config.on_exception:
+    recorder: FlightRecorder
+    plan: SavePlan
+    stop: StopSignal
+    sinks: Callable[[], list[Any]]
+    strict: bool
+    writing: Callable[[], bool]
+
+    def __post_init__(self) -> None:
+        self.recorder.on_dump = self._tell_sinks
+        self.stop.watch_dump_requests = True
+        if self.recorder.config.on_exception:
             watch_exceptions(self)
 
     @classmethod
@@ -128,14 +130,14 @@ class Recording:
 
     def _tell_sinks(self, record: FlightRecord, dump: Dump) -> None:
         """Sinks that show dumps (MLflow's tags) hear of each; a sink's failure is logged."""
-        for sink in self._sinks():
+        for sink in self.sinks():
             told = getattr(sink, "flight_recorder_dumped", None)
             if told is None:
                 continue
             try:
                 told(record, dump)
             except Exception as exc:
-                if self._strict:
+                if self.strict:
                     raise
                 logger.error("sink %r could not record the flight recorder's dump: %s", sink, exc)
 
