@@ -52,7 +52,9 @@ def compare(python: str, ref: str, intervals: tuple[int, ...], steps: int, runs:
         for interval in intervals:
             added: dict[str, list[float]] = {"before": [], "now": []}
             for k in range(rounds):
-                for side, path in (("before", str(worktree)), ("now", str(ROOT))):
+                sides = (("before", str(worktree)), ("now", str(ROOT)))
+                # the order alternates: a run after another finds the disk busier with its writes
+                for side, path in sides if k % 2 == 0 else sides[::-1]:
                     print(f"[{time.strftime('%H:%M:%S')}] interval {interval} round {k} {side}",
                           file=sys.stderr, flush=True)
                     ms = _overhead(python, path, interval, steps, runs)
