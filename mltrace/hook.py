@@ -222,7 +222,7 @@ class Hook:
             self.step_written = False
             self.stop.poll()
             return
-        idle = step is None and self._idle()
+        idle, self.clock.quiet = step is None and self._idle(), 0
         if not idle:
             if self.strict:
                 self.outputs.raise_write_failure()

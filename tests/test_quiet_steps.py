@@ -69,7 +69,11 @@ def _script(out_dir: Path, quiet: bool, monkeypatch: pytest.MonkeyPatch) -> tupl
     mine = hook.get_collection("mine")
     mine.add_tensor_name("by_hand")
     mine.save_config = smd.SaveConfig(end_step=0, save_steps=[23, 24])
-    train(model, hook, 20, mode=smd.modes.TRAIN)
+    train(model, hook, 20, mode=smd.modes.TRAIN)  # ends inside a run of quiet TRAIN steps
+    hook.set_mode(smd.modes.EVAL)  # TRAIN's quiet steps must not carry over into EVAL
+    model(torch.ones(2, 4))  # EVAL step 0 is due
+    model(torch.ones(2, 4))  # EVAL step 1 is not
+    hook.save_scalar("eval_1", 1.0)
     hook.save_scalar("between", 1.0)
     train(model, hook, 5, mode=smd.modes.EVAL)
     train(model, hook, 4, mode=smd.modes.TRAIN)
@@ -93,6 +97,8 @@ def test_quiet_steps_save_what_deciding_every_step_saves(tmp_path: Path,
         every, _ = _script(tmp_path / "every", False, patched)
     assert quiet.keys() == every.keys()
     assert quiet["scalar/between"] and quiet["scalar/inside"] and quiet["by_hand"]
+    assert [m for _, m, _ in quiet["scalar/eval_1"]] == ["EVAL"]
+    assert quiet["scalar/eval_1"][0][2] == 1
     weights = [n for n in every if n.startswith("Sequential") and "output" not in n]
     assert weights
     for name in every:
