@@ -63,6 +63,7 @@ class SystemMetrics:
             raise ImportError(f"MLflow's system metrics need psutil ({exc}): pip install psutil") from exc
         self.run_id = run_id
         self._monitor: Any = SystemMetricsMonitor(run_id, resume_logging=resume, tracking_uri=tracking_uri)
+        # MLflow internal: the monitor's count of samples it logged has no public accessor
         self._first_step = getattr(self._monitor, "_logging_step", 0)
         self._monitor.start()
         logger.info("MLflow samples system metrics for run %s every %s s", run_id,

@@ -106,10 +106,10 @@ class SaveConfigMode:
         self.save_steps = save_steps
         self.when_nan = when_nan
 
-    _PUBLIC = ("save_interval", "start_step", "end_step", "save_steps", "when_nan")
+    SETTINGS = ("save_interval", "start_step", "end_step", "save_steps", "when_nan")
 
     def __setattr__(self, name: str, value: Any) -> None:
-        _reject_unknown_attribute(self, name, self._PUBLIC)
+        _reject_unknown_attribute(self, name, self.SETTINGS)
         object.__setattr__(self, name, value)
 
     @property
@@ -277,7 +277,7 @@ class SaveConfig:
                 "e.g. {modes.TRAIN: SaveConfigMode(save_interval=10)}"
             )
         for mode, cfg in (mode_save_configs or {}).items():
-            if mode in SaveConfigMode._PUBLIC:
+            if mode in SaveConfigMode.SETTINGS:
                 # {"save_interval": 10} is one mode's settings, not a dict of modes.
                 raise MltraceValueError(
                     f"save config {dict(mode_save_configs)!r} has the setting {mode!r} where a mode "  # type: ignore[arg-type]
@@ -312,7 +312,7 @@ class SaveConfig:
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for attributes not found normally: the per-mode fields.
-        if name in SaveConfig._FIELDS or name == "when_nan":
+        if name in self._FIELDS or name == "when_nan":
             values = [getattr(c, name) for c in self.__dict__["mode_save_configs"].values()]
             return values[0] if all(v == values[0] for v in values) else {
                 m.name: v for m, v in zip(self.__dict__["mode_save_configs"], values)

@@ -232,7 +232,7 @@ class Hook:
             if self.checkpoint is not None:  # smdebug's checkpoint support (mltrace.capture.checkpoint)
                 self.checkpoint.step_boundary(self.clock, counted=step is None, step_saved=self.step_active)
         self.clock.advance(step)
-        due = self._decide_due()
+        due = self.decide_due()
         self.step_written = False
         if self.step_active or not idle:
             self.nan_watch.begin_step()
@@ -255,7 +255,7 @@ class Hook:
                 and self.checkpoint is None and self.recording is None and not self.outputs.pending_scalars
                 and not self.carried)
 
-    def _decide_due(self) -> bool:
+    def decide_due(self) -> bool:
         """Ask the plan what is due now (True if anything); set the adapters' fast-path flag."""
         due = self.plan.begin(self.clock.mode, self.clock.mode_step)
         recording = self.recording is not None and self.recording.active and self.writer is not None
@@ -336,7 +336,7 @@ class Hook:
 
     def _save_tensor(self, tensor_name: str, tensor_value: Any, names: list[str]) -> None:
         if self.plan.add_tensor(tensor_name, names):
-            self._decide_due()  # a collection saved from now on may be due this step
+            self.decide_due()  # a collection saved from now on may be due this step
         if self.plan.prepared and self.clock.started:
             self.save_for_tensor(tensor_name, tensor_value)
 

@@ -90,7 +90,8 @@ class MltraceCallback(pl.Callback):
         if found is None:
             self.capture.attach_mlflow(None)
             return
-        # The logger's run: created by its first use (run_id), in its tracking store.
+        # The logger's run: created by its first use (run_id), in its tracking store (Lightning
+        # internal: MLFlowLogger keeps the URI it was given only in a private attribute).
         self.capture.attach_mlflow({"run_id": found.run_id, "tracking_uri": found._tracking_uri})
 
     def _watch_log(self, pl_module: pl.LightningModule) -> None:

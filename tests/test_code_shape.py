@@ -51,3 +51,56 @@ def test_mltrace_imports_no_plugin_package() -> None:
             found += [f"{path.relative_to(REPO)}:{node.lineno} {n}" for n in names
                       if n.split(".")[0] in PLUGIN_PACKAGES]
     assert not found, f"mltrace/ must reach plugins through mltrace.plugins' entry points: {found}"
+
+
+#: Private members of other objects the library reads, each a framework's (or the standard
+#: library's) internal with no public alternative, commented where it is read. At most 15.
+FRAMEWORK_INTERNALS = {
+    "_Loss": "torch.nn's losses' base class",
+    "_C": "torch._C, for the autograd engine's graph-task id",
+    "_current_graph_task_id": "inside a backward pass (activation checkpointing)",
+    "_orig_mod": "the module torch.compile wrapped",
+    "_tracking_uri": "Lightning's MLFlowLogger's URI",
+    "_active": "Gluon: whether hybridize() is on",
+    "_children": "Gluon: a block's children",
+    "_push_tape": "TF: where a GradientTape starts recording",
+    "_in_graph_mode": "TF: a tf.compat.v1 graph variable",
+    "_trainable_variables": "Keras 3: the variables an optimizer was built with",
+    "_flatten_layers": "Keras: the recursive walk over nested layers",
+    "_control_flow_context": "tf.compat.v1: tensors inside while loops and conds",
+    "_processes": "concurrent.futures: a pool's worker processes",
+    "_logging_step": "MLflow: samples the system-metrics monitor logged",
+    "_metrics_queue": "MLflow: metrics autologging holds unsent",
+}
+#: Documented standard-library functions whose names start with an underscore.
+DOCUMENTED = {"_exit", "_getframe"}
+
+
+def _private_reaches(path: Path) -> list[tuple[str, int]]:
+    """(member, line) of ``x._name`` where x is not self/cls, and getattr(x, "_name") on another
+    object than self."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        name = None
+        if isinstance(node, ast.Attribute):
+            owner = node.value
+            if not (isinstance(owner, ast.Name) and owner.id in ("self", "cls")):
+                name = node.attr
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) > 1
+              and not (isinstance(node.args[0], ast.Name) and node.args[0].id == "self")
+              and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+            name = node.args[1].value
+        if name and name.startswith("_") and not name.startswith("__"):
+            found.append((name, node.lineno))
+    return found
+
+
+def test_private_members_of_other_objects_are_only_known_framework_internals() -> None:
+    assert len(FRAMEWORK_INTERNALS) <= 15
+    unknown = [f"{path.relative_to(REPO)}:{line} {name}" for path in _sources()
+               for name, line in _private_reaches(path)
+               if name not in FRAMEWORK_INTERNALS and name not in DOCUMENTED]
+    assert not unknown, (
+        "the library reads private members of other objects: use or add a public method instead "
+        f"(a framework internal with no public alternative goes in FRAMEWORK_INTERNALS): {unknown}")

@@ -40,6 +40,7 @@ FUNCTIONAL_LOSS = "loss"  # saved as loss_output_<i>, smdebug's name for record_
 
 def is_loss(module: torch.nn.Module) -> bool:
     """A loss module: torch.nn's losses and modules whose class name ends in Loss."""
+    # torch internal: _Loss is the base class of torch.nn's losses, which torch exports no name for
     return isinstance(module, torch.nn.modules.loss._Loss) or type(module).__name__.endswith("Loss")
 
 

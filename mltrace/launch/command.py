@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 from mltrace.exceptions import MltraceError, MltraceValueError
 from mltrace.launch import BOOTSTRAP_DIR
@@ -30,9 +31,9 @@ The configuration is smdebug's JSON (LocalPath, HookParameters, CollectionConfig
 --config or MLTRACE_CONFIG_FILE_PATH / SMDEBUG_CONFIG_FILE_PATH; options given here override it."""
 
 
-def add_command(sub: argparse._SubParsersAction) -> None:
-    """Register ``mltrace run`` on the ``mltrace`` command's subparsers."""
-    run = sub.add_parser(
+def add_command(subparsers: Any) -> None:
+    """Register ``mltrace run`` on the ``mltrace`` command's subparsers (as the other commands)."""
+    run = subparsers.add_parser(
         "run", help="run an unmodified training script with a hook attached",
         description="Run a training script, unmodified, with an mltrace hook attached to "
                     "PyTorch, Keras, XGBoost or MXNet Gluon.",

@@ -168,7 +168,7 @@ class TrainerCapture:
         metrics = hook.get_collection(CollectionKeys.METRICS)
         if not self._metrics_saved and hook.plan.add_saved(metrics):
             hook.plan.forget()
-            hook._decide_due()  # metrics may be due this very step (as Hook.save_tensor does)
+            hook.decide_due()  # metrics may be due this very step (as Hook.save_tensor does)
         self._metrics_saved = True
         if not always and not hook.step_active:
             return  # nothing is due this step: no value is even copied to the host

@@ -626,6 +626,7 @@ def _readable_now(obj: Any) -> bool:
     context, and every variable type answers this one."""
     if is_keras_variable(obj):
         return True
+    # TF internal: a tf.compat.v1 graph variable says so only in a private flag
     return isinstance(obj, tf.Variable) and not getattr(obj, "_in_graph_mode", False)
 
 
