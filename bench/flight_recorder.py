@@ -44,7 +44,7 @@ from pytorch_overhead import make_data, make_model  # noqa: E402
 from torch import nn  # noqa: E402
 
 import mltrace.pytorch as smd  # noqa: E402
-from mltrace.capture.flight_recorder import DEFAULT_REDUCTIONS  # noqa: E402
+from mltrace.capture.recorder_config import DEFAULT_REDUCTIONS  # noqa: E402
 
 VARIANTS = ("none", "hook", "recorder", "recorder_nocheck", "recorder_minmax", "saving")
 BUDGET = 16 * 1024 * 1024

@@ -7,7 +7,7 @@ mltrace.trials, rules in mltrace.rules.
 from mltrace import modes
 from mltrace._logging import configure_from_env as configure_logging
 from mltrace._version import __version__
-from mltrace.capture.flight_recorder import FlightRecorderConfig
+from mltrace.capture.recorder_config import FlightRecorderConfig
 from mltrace.collections import Collection, CollectionKeys
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
 from mltrace.modes import ModeKeys

@@ -29,7 +29,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mltrace.capture.flight_recorder import FlightRecorderConfig
+from mltrace.capture.recorder_config import FlightRecorderConfig
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode, parse_flag
 from mltrace.exceptions import MltraceValueError
 from mltrace.modes import ModeKeys

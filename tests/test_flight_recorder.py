@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import mltrace.pytorch as smd
-from mltrace.capture.flight_recorder import FlightRecorderConfig
+from mltrace.capture.recorder_config import FlightRecorderConfig
 from mltrace.exceptions import MltraceValueError
 from mltrace.format.flight_record import read_records, record_key, write_request
 from mltrace.json_config import parse_hook_config

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from mltrace.capture.flight_recorder import FlightRecorderConfig
+from mltrace.capture.recorder_config import FlightRecorderConfig
 from mltrace.config import ReductionConfig, SaveConfig, name_list
 from mltrace.exceptions import MltraceValueError
 

@@ -8,15 +8,19 @@ to the hook's other parts so that the hook's own methods stay one line each.
 from __future__ import annotations
 
 import logging
+import sys
+import threading
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from mltrace.capture.adapter import Adapter
-from mltrace.capture.flight_recorder import FlightRecorder, check_collections, watch_exceptions
+from mltrace.capture.flight_recorder import FlightRecorder
 from mltrace.capture.options import HookOptions
 from mltrace.capture.outputs import Outputs
 from mltrace.capture.plan import SavePlan
+from mltrace.capture.recorder_config import check_collections
 from mltrace.capture.stop import StopSignal
 from mltrace.format.flight_record import Dump, FlightRecord
 from mltrace.modes import ModeKeys
@@ -142,4 +146,45 @@ class Recording:
                 logger.error("sink %r could not record the flight recorder's dump: %s", sink, exc)
 
 
-__all__ = ["Recording"]
+# -- exceptions that escape the script ----------------------------------------------------------
+_recorders: weakref.WeakSet[Any] = weakref.WeakSet()
+_installed = False
+
+
+def watch_exceptions(recording: Any) -> None:
+    """Have an exception that escapes the script trigger a dump of ``recording`` (anything with
+    ``on_exception(reason)``; sys.excepthook, and threading.excepthook for a training thread),
+    which the hook writes when the interpreter's exit closes it."""
+    global _installed
+    _recorders.add(recording)
+    if _installed:
+        return
+    _installed = True
+    previous, previous_thread = sys.excepthook, threading.excepthook
+
+    def on_exception(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        _dump_all(exc_type, exc)
+        previous(exc_type, exc, tb)
+
+    def on_thread_exception(args: Any) -> None:
+        if args.exc_type is not SystemExit:
+            _dump_all(args.exc_type, args.exc_value)
+        previous_thread(args)
+
+    sys.excepthook = on_exception
+    threading.excepthook = on_thread_exception
+
+
+def _dump_all(exc_type: type[BaseException], exc: BaseException | None) -> None:
+    if issubclass(exc_type, KeyboardInterrupt):
+        reason = "KeyboardInterrupt"
+    else:
+        reason = f"{exc_type.__name__}: {exc}"
+    for recording in list(_recorders):
+        try:
+            recording.on_exception(reason)
+        except Exception:  # noqa: BLE001 - the user's exception is what must be reported
+            logger.debug("flight recorder dump on exception failed", exc_info=True)
+
+
+__all__ = ["Recording", "watch_exceptions"]

@@ -14,7 +14,7 @@ Example:
 """
 
 from mltrace import modes
-from mltrace.capture.flight_recorder import FlightRecorderConfig
+from mltrace.capture.recorder_config import FlightRecorderConfig
 from mltrace.collections import CollectionKeys
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
 from mltrace.hook import del_hook, set_hook

@@ -32,8 +32,8 @@ from typing import Any
 from mxnet import gluon
 
 from mltrace.capture.errors import guarded
-from mltrace.capture.flight_recorder import FlightRecorderConfig
 from mltrace.capture.options import HookOptions
+from mltrace.capture.recorder_config import FlightRecorderConfig
 from mltrace.collections import TORNASOLE_INCLUDE_COLLECTIONS
 from mltrace.config import ReductionConfig
 from mltrace.hook import Hook as CoreHook

@@ -32,8 +32,8 @@ import torch
 
 from mltrace import modes
 from mltrace.capture.errors import guarded
-from mltrace.capture.flight_recorder import FlightRecorderConfig
 from mltrace.capture.options import HookOptions
+from mltrace.capture.recorder_config import FlightRecorderConfig
 from mltrace.collections import GRADIENT_PREFIX, TORNASOLE_INCLUDE_COLLECTIONS, CollectionKeys
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
 from mltrace.exceptions import MltraceTypeError

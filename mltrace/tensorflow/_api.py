@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, ClassVar, Self, cast
 
-from mltrace.capture.flight_recorder import FlightRecorder, FlightRecorderConfig
+from mltrace.capture.flight_recorder import FlightRecorder
 from mltrace.capture.options import HookOptions
+from mltrace.capture.recorder_config import FlightRecorderConfig
 from mltrace.collections import Collection as _CoreCollection
 from mltrace.collections import CollectionManager
 from mltrace.config import ReductionConfig, SaveConfig

@@ -53,8 +53,8 @@ from typing import Any, SupportsIndex
 
 import xgboost as xgb
 
-from mltrace.capture.flight_recorder import FlightRecorderConfig
 from mltrace.capture.options import HookOptions
+from mltrace.capture.recorder_config import FlightRecorderConfig
 from mltrace.collections import Collection
 from mltrace.config import ReductionConfig, SaveConfig
 from mltrace.forwarding import Forwarded
