@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.source_scan import private_reaches
+
 REPO = Path(__file__).resolve().parent.parent
 LIBRARY = ("mltrace", "tb_plugin", "mlflow_plugin")
 PLUGIN_PACKAGES = ("mlflow_plugin", "tb_plugin")
@@ -76,30 +78,10 @@ FRAMEWORK_INTERNALS = {
 DOCUMENTED = {"_exit", "_getframe"}
 
 
-def _private_reaches(path: Path) -> list[tuple[str, int]]:
-    """(member, line) of ``x._name`` where x is not self/cls, and getattr(x, "_name") on another
-    object than self."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        name = None
-        if isinstance(node, ast.Attribute):
-            owner = node.value
-            if not (isinstance(owner, ast.Name) and owner.id in ("self", "cls")):
-                name = node.attr
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-              and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) > 1
-              and not (isinstance(node.args[0], ast.Name) and node.args[0].id == "self")
-              and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
-            name = node.args[1].value
-        if name and name.startswith("_") and not name.startswith("__"):
-            found.append((name, node.lineno))
-    return found
-
-
 def test_private_members_of_other_objects_are_only_known_framework_internals() -> None:
     assert len(FRAMEWORK_INTERNALS) <= 15
     unknown = [f"{path.relative_to(REPO)}:{line} {name}" for path in _sources()
-               for name, line in _private_reaches(path)
+               for name, line in private_reaches(path)
                if name not in FRAMEWORK_INTERNALS and name not in DOCUMENTED]
     assert not unknown, (
         "the library reads private members of other objects: use or add a public method instead "

@@ -4,7 +4,6 @@ modules)."""
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import os
 import time
@@ -27,6 +26,7 @@ from mltrace.modes import ModeKeys
 from mltrace.rules import rule_invoker
 from mltrace.rules.builtin.vanishing_gradient import VanishingGradient
 from mltrace.trials import Location, TensorEntries, Trial, create_trial
+from tests.source_scan import private_reaches
 from tests.torch_training import make_model, train
 
 REPO = Path(__file__).resolve().parent.parent
@@ -215,24 +215,6 @@ READ_SIDE = ["mltrace/tensor.py", "mltrace/trials.py", "mltrace/_trial_index.py"
              *sorted(str(p.relative_to(REPO)) for p in (REPO / "mltrace/rules").rglob("*.py"))]
 
 
-def _private_reaches(path: Path) -> list[str]:
-    """``x._name`` where x is not self/cls, and getattr(x, "_name", ...)."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        name = None
-        if isinstance(node, ast.Attribute):
-            owner = node.value
-            if not (isinstance(owner, ast.Name) and owner.id in ("self", "cls")):
-                name = node.attr
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-              and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) > 1
-              and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
-            name = node.args[1].value
-        if name and name.startswith("_") and not name.startswith("__"):
-            found.append(f"{path.relative_to(REPO)}:{node.lineno}: {name}")
-    return found
-
-
 def test_read_side_reaches_into_no_private_member() -> None:
-    reaches = [r for f in READ_SIDE for r in _private_reaches(REPO / f)]
+    reaches = [f"{f}:{line}: {name}" for f in READ_SIDE for name, line in private_reaches(REPO / f)]
     assert reaches == []
