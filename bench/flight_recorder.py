@@ -40,7 +40,7 @@ os.environ.setdefault("MLTRACE_LOG_LEVEL", "error")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from pytorch_overhead import make_data, make_model  # noqa: E402
+from pytorch_overhead import make_data, make_model, train_steps  # noqa: E402
 from torch import nn  # noqa: E402
 
 import mltrace.pytorch as smd  # noqa: E402
@@ -80,11 +80,7 @@ def one_run(variant: str, out_dir: str, data: list[tuple[torch.Tensor, torch.Ten
         hook.register_loss(loss_fn)
     gc.collect()
     start = time.perf_counter()
-    for x, y in data:
-        opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
+    train_steps(model, loss_fn, opt, data)
     ring = hook.recorder.ring_bytes if hook is not None and hook.recorder is not None else 0
     kept = len(hook.recorder.ring) if hook is not None and hook.recorder is not None else 0
     if hook is not None:

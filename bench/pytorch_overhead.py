@@ -120,6 +120,19 @@ class WandbWatch:
         self.run.finish()
 
 
+def train_steps(model: nn.Module, loss_fn: nn.Module, opt: torch.optim.Optimizer,
+                data: list[tuple[torch.Tensor, torch.Tensor]],
+                after_step: Callable[[torch.Tensor], None] | None = None) -> None:
+    """The benchmarks' training loop: one SGD step per batch, ``after_step(loss)`` after each."""
+    for x, y in data:
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        if after_step is not None:
+            after_step(loss)
+
+
 def one_run(
     factory: Callable | None,
     out_dir: str | None,
@@ -138,13 +151,7 @@ def one_run(
     gc.collect()
     cpu_start = time.process_time()
     start = time.perf_counter()
-    for x, y in data:
-        opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        if isinstance(hook, WandbWatch):
-            hook.after_step(loss)
+    train_steps(model, loss_fn, opt, data, hook.after_step if isinstance(hook, WandbWatch) else None)
     if hook is not None:
         hook.close()
     elapsed = time.perf_counter() - start
