@@ -112,19 +112,22 @@ def test_a_nan_in_the_middle_of_a_keras_model_dumps_the_steps_around_it(tmp_path
     assert "gradients/net/d1/kernelGrad" in first.nonfinite_tensors
 
 
+class DumpAt(tf.keras.callbacks.Callback):
+    """Asks ``hook`` for a dump, with ``reason``, at the end of TRAIN batch ``batch``."""
+
+    def __init__(self, hook, batch: int, reason: str):
+        super().__init__()
+        self.hook, self.batch, self.reason = hook, batch, reason
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == self.batch:
+            self.hook.dump_flight_recorder(self.reason)
+
+
 def test_dump_flight_recorder_through_the_keras_front(tmp_path):
-    class DumpAt(tf.keras.callbacks.Callback):
-        def __init__(self, hook):
-            super().__init__()
-            self.hook = hook
-
-        def on_train_batch_end(self, batch, logs=None):
-            if batch == 9:
-                self.hook.dump_flight_recorder("validation looks odd")
-
     out = str(tmp_path / "run")
     config = smd.FlightRecorderConfig(steps=4, after_steps=2, collections=["losses"])
-    _fit(out, 16, None, config=config, extra=lambda hook: [DumpAt(hook)])
+    _fit(out, 16, None, config=config, extra=lambda hook: [DumpAt(hook, 9, "validation looks odd")])
     (dump,) = read_records(open_storage(out))[0].dumps
     assert (dump.trigger, dump.step, dump.reason) == ("manual", 9, "validation looks odd")
     assert dump.steps_before == [5, 6, 7, 8] and dump.steps_after == [10, 11]
@@ -279,15 +282,6 @@ def test_a_dump_keeps_what_a_saved_step_in_its_window_holds(tmp_path):
     # Step 0 is saved (weights and losses); the recorder keeps losses only. A dump whose window
     # starts at step 0 must not write step 0 again (that would replace its file, and its
     # weights with it).
-    class DumpAt(tf.keras.callbacks.Callback):
-        def __init__(self, hook):
-            super().__init__()
-            self.hook = hook
-
-        def on_train_batch_end(self, batch, logs=None):
-            if batch == 5:
-                self.hook.dump_flight_recorder("look")
-
     out = str(tmp_path / "run")
     tf.keras.utils.set_random_seed(0)
     model = tf.keras.Sequential([tf.keras.layers.Input((4,)), tf.keras.layers.Dense(3, name="d1")],
@@ -298,7 +292,7 @@ def test_a_dump_keeps_what_a_saved_step_in_its_window_holds(tmp_path):
                          flight_recorder=smd.FlightRecorderConfig(steps=10, after_steps=1,
                                                                   collections=["losses"]))
     x = np.random.default_rng(0).standard_normal((40, 4)).astype("float32")
-    model.fit(x, x[:, :3], batch_size=4, verbose=0, callbacks=[hook, DumpAt(hook)])
+    model.fit(x, x[:, :3], batch_size=4, verbose=0, callbacks=[hook, DumpAt(hook, 5, "look")])
     hook.close()
     (dump,) = read_records(open_storage(out))[0].dumps
     assert dump.steps_before == [0, 1, 2, 3, 4]
