@@ -191,7 +191,11 @@ class FlightRecorder:
         except MltraceTypeError as exc:  # e.g. a quantized tensor: not recorded, said once
             self.adapter.warn_once(f"recorder:{name}", "flight recorder: not recording %s: %s", name, exc)
             return
-        raw = self.adapter.snapshot(value) if self.config.raw else None
+        self._keep_reductions(step, name, started, self.adapter.snapshot(value) if self.config.raw else None)
+
+    def _keep_reductions(self, step: _Step, name: str, started: Any, raw: Any = None) -> None:
+        """Add a tensor's reductions (the adapter's handle ``started``) and its raw copy, if
+        any, to ``step``."""
         step.tensors.append(_Tensor(name, self.items, False, False, step.size, raw=raw))
         step.started.append(started)
         step.size += len(self.items)
@@ -209,10 +213,7 @@ class FlightRecorder:
         shape and dtype); more are reduced like any tensor."""
         shape, dtype = self.adapter.shape_and_dtype(value)
         if not all(d == 1 for d in shape):
-            step.tensors.append(_Tensor(name, self.items, False, False, step.size))
-            step.started.append(self._reduce(value))
-            step.size += len(self.items)
-            step.nbytes += self._tensor_bytes
+            self._keep_reductions(step, name, self._reduce(value))
             return
         step.tensors.append(_Tensor(name, _SCALAR_ITEMS, True, loss, step.size, shape, dtype))
         step.started.append(self._reduce_scalar(value))

@@ -168,8 +168,7 @@ class Outputs:
         writer, tensorboard = self.writer, self.tensorboard
         self.writer = self.tensorboard = None
         self.pending_scalars.clear()
-        if writer is not None:
-            writer.discard()
+        writer.discard()
         if tensorboard is not None:
             tensorboard.discard()
         return True
