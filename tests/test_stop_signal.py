@@ -21,6 +21,11 @@ class FlakyStore(LocalStorage):
             raise MltraceRuntimeError(f"cannot check {key}: S3 endpoint is unreachable")
         return super().exists(key)
 
+    def read(self, key: str, start: int = 0, length: int | None = None) -> bytes:
+        if self.down:
+            raise MltraceRuntimeError(f"cannot read {key}: S3 endpoint is unreachable")
+        return super().read(key, start, length)
+
 
 def test_an_unreachable_store_or_a_damaged_signal_is_looked_at_again(tmp_path: Path) -> None:
     store = FlakyStore(str(tmp_path))

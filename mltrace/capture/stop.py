@@ -46,10 +46,10 @@ class StopSignal:
         self._next_look = now + self.interval
         if self.watch_dump_requests:
             self._look_for_dump_request()
-        try:
-            if not self._storage.exists(paths.STOP_SIGNAL_FILE):
-                return False
+        try:  # one read, not a look and a read (a round trip each on S3)
             signal = json.loads(self._storage.read(paths.STOP_SIGNAL_FILE) or b"{}")
+        except FileNotFoundError:  # no rule asked
+            return False
         except Exception as exc:  # noqa: BLE001 - a store that does not answer now (S3 down:
             # MltraceRuntimeError; a damaged file: ValueError) is asked again at the next look;
             # the writer reports the outage, and saving goes on.

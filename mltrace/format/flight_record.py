@@ -218,11 +218,9 @@ def read_request(storage: Any) -> DumpRequest | None:
     Raises:
         OSError, MltraceError: the storage cannot be read now (the caller asks again later).
     """
-    if not storage.exists(REQUEST_FILE):
-        return None
-    try:
+    try:  # one read, not a look and a read: hooks ask at every stop-signal look
         return DumpRequest.from_json(storage.read(REQUEST_FILE))
-    except FileNotFoundError:  # removed between the two calls
+    except FileNotFoundError:  # no request
         return None
     except (ValueError, TypeError) as exc:
         logger.warning("ignoring damaged flight recorder request %s/%s: %s",
