@@ -187,6 +187,8 @@ class LiveReader:
         self.out_dir, self.reference, self.figures = out_dir, reference, figures
         self.trial: Trial | None = None
         self.seen: set[int] = set()
+        #: True once a second job writes this out_dir (see _check and drain)
+        self.restarted = False
 
     def poll(self) -> bool:
         """Read at most one new step; False if there was none."""
@@ -202,7 +204,14 @@ class LiveReader:
         return True
 
     def _check(self, step: int) -> None:
-        data = read_step(self.trial, step)
+        try:
+            data = read_step(self.trial, step)
+        except (StepUnavailable, StepNotYetAvailable):
+            # A restarted job removes an old step's index before replacing its events file (see
+            # drain): that step may vanish between the listing and the read, and only then. It
+            # is read again if the job writes it anew.
+            assert self.restarted and step not in self.trial.steps(), (self.out_dir, step)
+            return
         assert data == self.reference[step], f"live reader: {self.out_dir} step {step} differs"
         self.seen.add(step)
         self.figures.live_steps += 1
@@ -345,6 +354,7 @@ def _one_run(h: Harness, out_dir: str, kind: str, delay: float) -> None:
         assert run_until(h, live, None, paths.event_file_key(h.rng.randrange(0, 30), "worker_0"))
     elif run_until(h, live, delay) and kind.startswith("restart"):
         h.figures.restarts += 1
+        live.restarted = True
         written = sorted(files_on_disk(out_dir)[0])
         if kind == "restart":
             run_until(h, live, _delay(h, early=h.rng.random() < 0.3))
