@@ -218,11 +218,14 @@ class Hook:
         """Close the previous step and start the next one: adapters call this at a step boundary.
         ``step`` (optional) sets the global and the mode's step to that number instead of counting
         up by one (as smdebug's XGBoost hook does); it must be above the current step."""
-        if step is None and self.clock.skip_quiet():  # most steps: only counted
+        clock = self.clock
+        # a step numbered by the caller (XGBoost's round) that is the one counting would give
+        counted = step is None or (step == clock.step + 1 and clock.mode_step == clock.step)
+        if counted and clock.skip_quiet():  # most steps: only counted
             self.step_written = False
             self.stop.poll()
             return
-        idle, self.clock.quiet = step is None and self._idle(), 0
+        idle, clock.quiet = counted and self._idle(), 0
         if not idle:
             if self.strict:
                 self.outputs.raise_write_failure()
@@ -270,6 +273,9 @@ class Hook:
             return
         if self.step_active:
             self.adapter.on_step_end()
+        elif not (self.writer.step_open or self.outputs.pending_scalars or self.recording):
+            self.step_written = True  # nothing was saved or watched (XGBoost's quiet rounds)
+            return
         for name, array, colls in self.nan_watch.take(self.step):
             self.outputs.write_tensor(name, array, array, colls, on_host=True)
         if self.writer.step_open or self.outputs.pending_scalars:

@@ -129,3 +129,44 @@ def test_a_quiet_run_counts_every_step(tmp_path: Path, monkeypatch: pytest.Monke
     assert quiet == run(tmp_path / "every")
     assert quiet[1] == 359 and quiet[2][ModeKeys.TRAIN] == 229 and quiet[2][ModeKeys.EVAL] == 129
     assert quiet[0] == [0, 50, 100, 150, 200, 230, 280, 330]
+
+
+def test_xgboost_rounds_take_quiet_steps_and_save_what_deciding_every_round_saves(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """XGBoost numbers its steps (the boosting round): a round that is the next counted step
+    may be quiet; a training resumed from a saved model jumps to its round and is decided."""
+    xgb = pytest.importorskip("xgboost")
+    import mltrace.xgboost as smd_xgb
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 4))
+    data = xgb.DMatrix(x, label=x[:, 0] + rng.normal(scale=0.1, size=200))
+    params = {"max_depth": 2, "nthread": 1, "seed": 0}
+
+    def run(out_dir: Path) -> tuple[dict[str, list[tuple[int, str, int]]], int]:
+        first = smd_xgb.Hook(out_dir=str(out_dir / "a"), save_config=smd_xgb.SaveConfig(save_interval=7),
+                             include_collections=["metrics", "feature_importance"])
+        booster = xgb.train(params, data, 30, evals=[(data, "train")], callbacks=[first])
+        first.close()
+        # resumed from the saved model by a new hook: its first round is round 30
+        second = smd_xgb.Hook(out_dir=str(out_dir / "b"), save_config=smd_xgb.SaveConfig(save_interval=7),
+                              include_collections=["metrics", "feature_importance"])
+        xgb.train(params, data, 25, evals=[(data, "train")], callbacks=[second], xgb_model=booster)
+        step = second.step
+        second.close()
+        return {**_saved(out_dir / "a"), **{f"b/{k}": v for k, v in _saved(out_dir / "b").items()}}, step
+
+    from mltrace.capture.clock import StepClock
+
+    skipped = []
+    skip_quiet = StepClock.skip_quiet
+    with monkeypatch.context() as spied:
+        spied.setattr(StepClock, "skip_quiet", lambda clock: skipped.append(skip_quiet(clock)) or skipped[-1])
+        quiet, last = run(tmp_path / "quiet")
+    assert sum(skipped) >= 30  # most rounds were only counted (37 of 55)
+    monkeypatch.setattr("mltrace.capture.plan.SavePlan.quiet_steps", lambda self, mode, step: 0)
+    every, _ = run(tmp_path / "every")
+    assert quiet == every
+    assert last == 54
+    assert [s for s, _, _ in quiet["train-rmse"]] == [0, 7, 14, 21, 28]
+    assert [s for s, _, _ in quiet["b/train-rmse"]] == [35, 42, 49]

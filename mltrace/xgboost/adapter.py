@@ -55,6 +55,9 @@ class XGBoostAdapter(Adapter):
         #: the collections due this round and those the flight recorder was told to keep
         self._active: list[Collection] = []
         self._wanted_cache: dict[tuple[str, frozenset[str]], bool] = {}
+        #: (the model, its round count minus XGBoost's epoch): constant over one training, so
+        #: the round count (a call into libxgboost) is asked once per training, not per round
+        self._round_offset: tuple[Any, int] | None = None
 
     def attach(self, hook: Hook) -> None:
         """Bind to ``hook`` (its error policy guards the callbacks) and save hyperparameters once,
@@ -158,6 +161,7 @@ class XGBoostAdapter(Adapter):
     def before_training(self) -> None:
         """A training starts: forget what was cached about the previous model."""
         self._model_info = None
+        self._round_offset = None
         self._wanted_cache.clear()
 
     @guarded(default=False)
@@ -194,8 +198,13 @@ class XGBoostAdapter(Adapter):
         training resumed from a saved model); after a previous run's steps if the hook is reused."""
         assert self.hook is not None
         step = self.hook.step
-        rounds = getattr(model, "num_boosted_rounds", None)
-        rnd = rounds() - 1 if callable(rounds) else epoch
+        known = self._round_offset
+        if known is not None and known[0] is model:
+            rnd = epoch + known[1]
+        else:
+            rounds = getattr(model, "num_boosted_rounds", None)
+            rnd = rounds() - 1 if callable(rounds) else epoch
+            self._round_offset = (model, rnd - epoch)
         if rnd <= step:
             self.warn_once("reused", "this hook already saved step %d; a new training run with "
                             "the same hook continues at step %d (use one hook per run to keep "
