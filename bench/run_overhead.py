@@ -23,7 +23,8 @@ imports and the hook's close). With interval 1000, steps 0, 1000, 2000 save.
 
 For comparison, the pytorch workload also runs in-process with the hook created and registered
 by the script (the original example's way, same collections, interval 1000): the hook's own
-cost, which ``mltrace run`` includes.
+cost, which ``mltrace run`` includes; and with one forward pre-hook that does nothing, the floor
+of any step boundary kept by a module hook.
 
 Protocol (bench/README.md): one thread (OMP/MKL threads 1; ``torch.set_num_threads(1)`` follows
 from OMP_NUM_THREADS), one warm-up and ``--runs`` (5) measured runs per configuration, plain
@@ -118,7 +119,11 @@ def measure(workload: str, runs: int) -> dict[str, float]:
 def hook_in_the_script(runs: int, steps: int = 3000) -> dict[str, float]:
     """The pytorch workload in this process, plain vs with the hook created and registered by
     the script itself (what the example's mltrace lines do; interval 1000): the part of
-    ``mltrace run``'s cost that is the hook's own. Thread CPU time of the training loop."""
+    ``mltrace run``'s cost that is the hook's own. Thread CPU time of the training loop.
+
+    A third variant registers one forward pre-hook that does nothing on the model: the floor
+    of any step boundary kept by a module hook (PyTorch's own dispatch of a hook, which takes
+    the module off its hook-less fast path)."""
     import torch
     from torch import nn, optim
 
@@ -128,17 +133,19 @@ def hook_in_the_script(runs: int, steps: int = 3000) -> dict[str, float]:
     sys.path.insert(0, str(STRIPPED))
     example = __import__("pytorch_hook_demos")
 
-    def once(with_hook: bool, tmp: str, n: int) -> float:
+    def once(kind: str, tmp: str, n: int) -> float:
         torch.manual_seed(0)
         model = example.Net()
         optimizer = optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         loss_fn = nn.NLLLoss()
         hook = None
-        if with_hook:
+        if kind == "hook":
             hook = smd.Hook(out_dir=tempfile.mkdtemp(dir=tmp), include_collections=[
                 "weights", "biases", "gradients"], save_config=smd.SaveConfig(save_interval=1000))
             hook.register_module(model)
             hook.register_loss(loss_fn)
+        elif kind == "noop_pre_hook":
+            model.register_forward_pre_hook(lambda module, args: None)
         start = time.thread_time()
         example.train(model, optimizer, loss_fn, n, 32, 0)
         elapsed = time.thread_time() - start
@@ -146,15 +153,18 @@ def hook_in_the_script(runs: int, steps: int = 3000) -> dict[str, float]:
             hook.close()
         return elapsed
 
-    times: dict[bool, list[float]] = {False: [], True: []}
+    kinds = ("plain", "noop_pre_hook", "hook")
+    times: dict[str, list[float]] = {kind: [] for kind in kinds}
     with tempfile.TemporaryDirectory(prefix="mltrace-run-bench-") as tmp:
         for index in range(runs + 1):
-            for with_hook in (False, True):
-                sample = once(with_hook, tmp, steps)
+            for kind in kinds:
+                sample = once(kind, tmp, steps)
                 if index:
-                    times[with_hook].append(sample)
-    plain, hooked = statistics.median(times[False]), statistics.median(times[True])
-    return {"plain_cpu_s": plain, "hook_cpu_s": hooked, "cpu_ratio": hooked / plain}
+                    times[kind].append(sample)
+    plain = statistics.median(times["plain"])
+    noop, hooked = statistics.median(times["noop_pre_hook"]), statistics.median(times["hook"])
+    return {"plain_cpu_s": plain, "noop_pre_hook_cpu_s": noop, "hook_cpu_s": hooked,
+            "noop_pre_hook_ratio": noop / plain, "cpu_ratio": hooked / plain}
 
 
 def main() -> None:
@@ -177,7 +187,9 @@ def main() -> None:
         results["pytorch_hook_in_the_script"] = inside
         print(f"pytorch, hook created by the script itself (in-process, training-loop thread CPU):"
               f" plain {inside['plain_cpu_s']:.3f} s, with the hook {inside['hook_cpu_s']:.3f} s, "
-              f"ratio {inside['cpu_ratio']:.3f}")
+              f"ratio {inside['cpu_ratio']:.3f}; one no-op forward pre-hook (the floor of a "
+              f"module-hook step boundary) {inside['noop_pre_hook_cpu_s']:.3f} s, ratio "
+              f"{inside['noop_pre_hook_ratio']:.3f}")
     if args.json:
         print(json.dumps(results, indent=2))
 
