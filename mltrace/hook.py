@@ -218,14 +218,11 @@ class Hook:
         """Close the previous step and start the next one: adapters call this at a step boundary.
         ``step`` (optional) sets the global and the mode's step to that number instead of counting
         up by one (as smdebug's XGBoost hook does); it must be above the current step."""
-        clock = self.clock
-        # a step numbered by the caller (XGBoost's round) that is the one counting would give
-        counted = step is None or (step == clock.step + 1 and clock.mode_step == clock.step)
-        if counted and clock.skip_quiet():  # most steps: only counted
+        if self.clock.skip_quiet(step):  # most steps: only counted
             self.step_written = False
             self.stop.poll()
             return
-        idle, clock.quiet = counted and self._idle(), 0
+        idle, self.clock.quiet = self.clock.counts_to(step) and self._idle(), 0
         if not idle:
             if self.strict:
                 self.outputs.raise_write_failure()
@@ -271,13 +268,10 @@ class Hook:
         if not self.clock.started or self.writer is None:
             self.step_active = False
             return
-        if self.step_active:
+        if self.step_active:  # else nothing was saved or watched (quiet: XGBoost's rounds)
             self.adapter.on_step_end()
-        elif not (self.writer.step_open or self.outputs.pending_scalars or self.recording):
-            self.step_written = True  # nothing was saved or watched (XGBoost's quiet rounds)
-            return
-        for name, array, colls in self.nan_watch.take(self.step):
-            self.outputs.write_tensor(name, array, array, colls, on_host=True)
+            for name, array, colls in self.nan_watch.take(self.step):
+                self.outputs.write_tensor(name, array, array, colls, on_host=True)
         if self.writer.step_open or self.outputs.pending_scalars:
             self._out_dir_replaced()
         if self.recording is not None and self.writer is not None:

@@ -161,7 +161,8 @@ def test_xgboost_rounds_take_quiet_steps_and_save_what_deciding_every_round_save
     skipped = []
     skip_quiet = StepClock.skip_quiet
     with monkeypatch.context() as spied:
-        spied.setattr(StepClock, "skip_quiet", lambda clock: skipped.append(skip_quiet(clock)) or skipped[-1])
+        spied.setattr(StepClock, "skip_quiet",
+                      lambda clock, step=None: skipped.append(skip_quiet(clock, step)) or skipped[-1])
         quiet, last = run(tmp_path / "quiet")
     assert sum(skipped) >= 30  # most rounds were only counted (37 of 55)
     monkeypatch.setattr("mltrace.capture.plan.SavePlan.quiet_steps", lambda self, mode, step: 0)

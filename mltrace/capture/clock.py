@@ -48,12 +48,17 @@ class StepClock:
             self.mode_steps[ModeKeys.GLOBAL] = self.step
         self.step_mode = self.mode
 
-    def skip_quiet(self) -> bool:
-        """Begin the next step if it is a quiet one (counted in ``quiet``, same mode): the hook
-        does nothing else at such a boundary. False (nothing changed) otherwise. Kept to a few
-        lines: it runs at most steps of a training, right after the model's last kernels left
-        the interpreter's caches cold."""
-        if self.quiet <= 0 or self.mode is not self.step_mode:
+    def counts_to(self, step: int | None) -> bool:
+        """True if beginning ``step`` is counting up by one: None, or a step numbered by the
+        caller (XGBoost's boosting round) that is the next one, the mode's step following."""
+        return step is None or (step == self.step + 1 and self.mode_steps[self.mode] == self.step)
+
+    def skip_quiet(self, step: int | None = None) -> bool:
+        """Begin the next step (``step``: see counts_to) if it is a quiet one (counted in
+        ``quiet``, same mode): the hook does nothing else at such a boundary. False (nothing
+        changed) otherwise. Kept to a few lines: it runs at most steps of a training, right after
+        the model's last kernels left the interpreter's caches cold."""
+        if self.quiet <= 0 or self.mode is not self.step_mode or (step is not None and not self.counts_to(step)):
             return False
         self.quiet -= 1
         self.step += 1

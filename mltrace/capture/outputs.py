@@ -95,6 +95,8 @@ class Outputs:
         """Write the step's scalars and close its files (the collections file after the first)."""
         if not self._clock.started or self.writer is None:
             return
+        if not (self.writer.step_open or self.pending_scalars):
+            return  # nothing to write (a quiet step)
         self.write_pending()
         if self.writer.close_step() and not self._collections_written:
             self.write_collections()
