@@ -51,7 +51,7 @@ class StepClock:
     def counts_to(self, step: int | None) -> bool:
         """True if beginning ``step`` is counting up by one: None, or a step numbered by the
         caller (XGBoost's boosting round) that is the next one, the mode's step following."""
-        return step is None or (step == self.step + 1 and self.mode_steps[self.mode] == self.step)
+        return step is None or (step == self.step + 1 and self.mode_step == self.step)
 
     def skip_quiet(self, step: int | None = None) -> bool:
         """Begin the next step (``step``: see counts_to) if it is a quiet one (counted in
@@ -61,8 +61,5 @@ class StepClock:
         if self.quiet <= 0 or self.mode is not self.step_mode or (step is not None and not self.counts_to(step)):
             return False
         self.quiet -= 1
-        self.step += 1
-        self.mode_steps[self.mode] += 1
-        if self.mode is not ModeKeys.GLOBAL:
-            self.mode_steps[ModeKeys.GLOBAL] = self.step
+        self.advance()
         return True
