@@ -11,8 +11,11 @@ record), a file is opened once per mode and process and appended, as torch's Sum
 TensorBoard's Python loader only follows the newest file of a run, and per-step files made it
 crawl. Records carry the real masked CRC32C. Everything after ``add_*`` happens on one
 background thread: histogram binning, encoding, and the disk writes, flushed every
-``flush_secs`` and at close. The queue is bounded, so a training loop that outruns the disk
-waits instead of losing summaries.
+``flush_secs`` and at close. ``add_*`` gathers summaries into a batch that the thread receives
+whole: at ``end_step()`` (the hook calls it when a step ends), every ``SUBMIT_EVERY`` summaries,
+and at a flush, so the thread wakes once a step, not once per summary to take the interpreter
+from the training thread. The queue of batches is bounded, so a training loop that outruns the
+disk waits instead of losing summaries.
 
 A flush that fails (a full disk) leaves no partial record: the appended file is cut back to its
 previous size (a new file is removed), the first failure is logged with the file and the cause,
@@ -39,6 +42,7 @@ import re
 import socket
 import threading
 import time
+from bisect import bisect_right
 
 import numpy as np
 
@@ -64,6 +68,8 @@ DEFAULT_FLUSH_SECS = 5.0
 REMOTE_FLUSH_SECS = 60.0
 #: A mode's buffer is written out early once it holds this many bytes.
 MAX_BUFFER_BYTES = 4 << 20
+#: ``add_*`` hands its batch to the background thread at the latest after this many summaries.
+SUBMIT_EVERY = 64
 _STOP = object()
 _FLUSH = object()
 _file_counter = itertools.count()
@@ -86,16 +92,32 @@ def encode_binned(binned: Binned) -> bytes | None:
     """The encoded HistogramProto of a binned histogram, as torch's ``make_histogram`` writes
     it: empty buckets trimmed at both ends but one kept on the left (TensorBoard shows only
     right edges); None when every value lies beyond +-1e20 (no bucket holds one)."""
-    counts = binned.counts
-    nonzero = np.cumsum(np.greater(counts, 0))
-    if nonzero[-1] == 0:
+    span = _filled_span(binned)
+    if span is None:
         return None
-    start, end = np.searchsorted(nonzero, [0, nonzero[-1] - 1], side="right")
-    start, end = int(start), int(end) + 1
+    start, end = span
+    counts = binned.counts
     counts = counts[start - 1:end] if start > 0 else np.concatenate([[0], counts[:end]])
     limits = DEFAULT_BINS[start:end + 1]
     return encode_histogram(binned.min, binned.max, binned.num, binned.sum, binned.sum_squares,
                             limits, counts.astype(np.float64))
+
+
+_EDGES = DEFAULT_BINS.tolist()  # bisect on a list: a fraction of a microsecond per search
+
+
+def _filled_span(binned: Binned) -> tuple[int, int] | None:
+    """The first filled bucket and one past the last; None if every bucket is empty.
+
+    They are the buckets of the values' min and max whenever those lie within the edges (the
+    usual case, found by two searches); otherwise, the counts are scanned."""
+    counts, last = binned.counts, len(binned.counts) - 1
+    start = bisect_right(_EDGES, binned.min) - 1
+    end = last if binned.max == _EDGES[-1] else bisect_right(_EDGES, binned.max) - 1
+    if 0 <= start <= end <= last and counts[start] and counts[end]:
+        return start, end + 1
+    filled = np.flatnonzero(counts)
+    return (int(filled[0]), int(filled[-1]) + 1) if filled.size else None
 
 
 class TensorBoardWriter:
@@ -105,7 +127,8 @@ class TensorBoardWriter:
         location: the TensorBoard folder (local path or a URI of an installed storage backend).
         worker: None for the chief worker, else the worker name (its runs go one level deeper).
         flush_secs: seconds between background flushes (default 5 locally, 60 on object stores).
-        max_pending: summaries queued for the background thread before ``add_*`` waits.
+        max_pending: summaries queued for the background thread before ``add_*`` waits
+            (counted in batches of up to ``SUBMIT_EVERY``).
     """
 
     def __init__(self, location: str, worker: str | None = None, flush_secs: float | None = None,
@@ -116,7 +139,9 @@ class TensorBoardWriter:
         self._local = self.storage.local_path("x") is not None
         self.flush_secs = flush_secs if flush_secs is not None else (
             DEFAULT_FLUSH_SECS if self._local else REMOTE_FLUSH_SECS)
-        self._queue: queue.Queue[object] = queue.Queue(maxsize=max_pending)
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=max(1, max_pending // SUBMIT_EVERY))
+        self._batch: list[tuple] = []  # summaries not handed to the thread yet
+        self._batch_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._buffers: dict[ModeKeys, bytearray] = {}
@@ -150,17 +175,34 @@ class TensorBoardWriter:
         self._put(("b", mode, step, clean_tag(tag), binned,
                    time.time() if wall_time is None else wall_time))
 
-    def _put(self, item: object) -> None:
+    def _put(self, item: tuple) -> None:
         if self._closed:
             return
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="mltrace-tensorboard", daemon=True)
             self._thread.start()
-        self._queue.put(item)
+        with self._batch_lock:
+            self._batch.append(item)
+            full = len(self._batch) >= SUBMIT_EVERY
+        if full:
+            self.end_step()
+
+    def end_step(self) -> None:
+        """Hand the summaries added so far to the background thread (without waiting for it);
+        summaries not handed over are taken by its next periodic flush."""
+        batch = self._take_batch()
+        if batch:
+            self._queue.put(batch)
+
+    def _take_batch(self) -> list[tuple]:
+        with self._batch_lock:
+            batch, self._batch = self._batch, []
+        return batch
 
     def flush(self) -> None:
-        """Write everything queued so far to disk (waits for the background thread)."""
+        """Write everything added so far to disk (waits for the background thread)."""
         if self._thread is not None and self._thread.is_alive():
+            self.end_step()
             done = threading.Event()
             self._queue.put((_FLUSH, done))
             done.wait()
@@ -177,6 +219,7 @@ class TensorBoardWriter:
             return
         self._closed = True
         if self._thread is not None and self._thread.is_alive():
+            self.end_step()
             self._queue.put(_STOP)
             self._thread.join()
         self._thread = None
@@ -196,9 +239,13 @@ class TensorBoardWriter:
             if isinstance(item, tuple) and item[0] is _FLUSH:
                 self._write_out()
                 item[1].set()
-            elif isinstance(item, tuple):  # an add_* item (None: the get timed out)
-                self._encode(item)
+            elif isinstance(item, list):  # a batch of add_* items (None: the get timed out)
+                for summary in item:
+                    self._encode(summary)
             if time.monotonic() >= next_flush:
+                if self._queue.empty():  # added, but no step has ended since: keep their order
+                    for summary in self._take_batch():
+                        self._encode(summary)
                 self._write_out()
                 next_flush = time.monotonic() + self.flush_secs
 

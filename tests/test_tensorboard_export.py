@@ -19,6 +19,7 @@ from torch.utils.tensorboard import writer as torch_writer
 
 import mltrace.pytorch as smd
 from mltrace import tensorboard_export as tbx
+from mltrace.histogram_bins import SEARCH_EACH_LIMIT, bin_values
 from mltrace.format.events import (
     encode_file_version_event,
     encode_histogram_event,
@@ -54,6 +55,9 @@ def _torch_event(summary: summary_pb2.Summary, step: int, wall_time: float) -> b
     np.array([2.5]),
     np.array([-7.0, -7.0, -7.0]),
     np.array([1e-30, 1e19, -3e18], dtype=np.float64),
+    np.array([-1e21, 0.5, 2e20]),  # beyond the outer edges: counted in num, in no bucket
+    np.concatenate([tbx.DEFAULT_BINS[::5], tbx.DEFAULT_BINS[-1:], [1.0]]),  # on the edges
+    np.concatenate([tbx.DEFAULT_BINS[::2], [-1e25]]),  # on the edges, sorted path
 ])
 def test_histogram_equals_torch_add_histogram(values, torch_bins):
     """Bytes equal to torch's but for sum_squares, which mltrace sums with einsum where torch
@@ -66,7 +70,26 @@ def test_histogram_equals_torch_add_histogram(values, torch_bins):
     assert got.sum_squares == pytest.approx(want.sum_squares, rel=1e-14)
     got.sum_squares = want.sum_squares
     assert parsed.SerializeToString() == theirs
-    assert got.num == values.size and sum(got.bucket) == values.size
+    assert got.num == values.size and sum(got.bucket) == np.count_nonzero(np.abs(values) <= 1e20)
+
+
+@pytest.mark.parametrize("size", [1, 2, SEARCH_EACH_LIMIT, SEARCH_EACH_LIMIT + 1, 5000])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_both_binning_paths_count_as_np_histogram(size, dtype):
+    """Few values are searched one by one, many are sorted: either way the counts are
+    np.histogram's, for values of every magnitude, the outer edges and non-finite ones."""
+    rng = np.random.default_rng(size)
+    with np.errstate(over="ignore"):  # float16 holds neither the large values nor the edges
+        values = (rng.standard_normal(size) * 10.0 ** rng.uniform(-14, 22, size)).astype(dtype)
+        values[::7] = tbx.DEFAULT_BINS[rng.integers(0, len(tbx.DEFAULT_BINS), values[::7].size)].astype(dtype)
+    values[1::11] = np.nan
+    finite = values[np.isfinite(values)].astype(np.float64)
+    binned = bin_values(values)
+    if finite.size == 0:
+        assert binned is None
+        return
+    np.testing.assert_array_equal(binned.counts, np.histogram(finite, bins=tbx.DEFAULT_BINS)[0])
+    assert (binned.min, binned.max, binned.num) == (finite.min(), finite.max(), finite.size)
 
 
 def test_scalar_and_file_version_bytes_parse_with_tensorboard_protos():
@@ -183,6 +206,30 @@ def test_one_file_per_mode_is_appended_and_flushed_in_the_background(tmp_path):
     writer.close()
     writer.add_scalar(ModeKeys.TRAIN, 2, "loss", 0.25)  # after close: ignored, never raises
     assert [e.step for e in _accumulator(tmp_path / "tb" / "TRAIN").Scalars("loss")] == [0, 1]
+
+
+def test_summaries_reach_the_thread_once_a_step_in_order(tmp_path, monkeypatch):
+    """The background thread is handed a step's summaries together (one wake-up a step, not one
+    per summary), every SUBMIT_EVERY summaries within a long step, and all of them by close."""
+    writer = tbx.TensorBoardWriter(str(tmp_path / "tb"))
+    batches = []
+    real_put = writer._queue.put
+    monkeypatch.setattr(writer._queue, "put", lambda item, *a, **k: (
+        batches.append(len(item)) if isinstance(item, list) else None, real_put(item, *a, **k)))
+    values = np.linspace(-1, 1, 100, dtype=np.float32)
+    for step in range(3):
+        writer.add_scalar(ModeKeys.TRAIN, step, "loss", float(step))
+        for i in range(8):
+            writer.add_histogram(ModeKeys.TRAIN, step, f"w{i}", values)
+        writer.end_step()
+    for i in range(tbx.SUBMIT_EVERY + 6):  # a step with more summaries than a batch holds
+        writer.add_scalar(ModeKeys.TRAIN, 3, f"s{i}", float(i))
+    writer.close()
+    assert batches == [9, 9, 9, tbx.SUBMIT_EVERY, 6]
+    acc = _accumulator(tmp_path / "tb" / "TRAIN")
+    assert [e.step for e in acc.Scalars("loss")] == [0, 1, 2]
+    assert [e.step for e in acc.Histograms("w7")] == [0, 1, 2]
+    assert len(acc.Tags()["scalars"]) == 1 + tbx.SUBMIT_EVERY + 6
 
 
 def test_training_thread_does_not_wait_for_binning_or_disk(tmp_path, monkeypatch):

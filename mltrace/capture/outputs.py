@@ -98,6 +98,8 @@ class Outputs:
         if not (self.writer.step_open or self.pending_scalars):
             return  # nothing to write (a quiet step)
         self.write_pending()
+        if self.tensorboard is not None:
+            self.tensorboard.end_step()
         if self.writer.close_step() and not self._collections_written:
             self.write_collections()
             self._collections_written = True

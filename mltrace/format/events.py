@@ -15,6 +15,7 @@ are left out, as protobuf does, so encoded bytes equal protobuf's.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -120,7 +121,7 @@ def encode_file_version_event(wall_time: float, writer: str = "mltrace") -> byte
 def _nonzero_double(field_number: int, value: float) -> bytes:
     # proto3 leaves out a double whose bits are all zero (0.0, not -0.0), as protobuf does.
     value = float(value)
-    return w.double_field(field_number, value) if (value != 0.0 or np.signbit(value)) else b""
+    return w.double_field(field_number, value) if (value != 0.0 or math.copysign(1.0, value) < 0) else b""
 
 
 def encode_histogram(
