@@ -19,13 +19,13 @@ from torch.utils.tensorboard import writer as torch_writer
 
 import mltrace.pytorch as smd
 from mltrace import tensorboard_export as tbx
-from mltrace.histogram_bins import SEARCH_EACH_LIMIT, bin_values
 from mltrace.format.events import (
     encode_file_version_event,
     encode_histogram_event,
     encode_scalar_event,
 )
 from mltrace.format.records import iter_records
+from mltrace.histogram_bins import SEARCH_EACH_LIMIT, bin_values
 from mltrace.modes import ModeKeys
 from mltrace.storage import register_scheme
 from mltrace.storage.base import Storage
