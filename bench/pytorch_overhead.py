@@ -1,11 +1,14 @@
 """Time per training step of a small PyTorch MLP with no hook, with mltrace, with real smdebug,
-or with W&B's ``watch``.
+or with W&B's ``watch``; also mltrace exporting TensorBoard summaries with or without histograms.
 
 Runs in either venv (.venv: none, mltrace; .venv-legacy: none, mltrace, smdebug), or in the
 bench-only .venv-bench-wandb that bench/setup_wandb_env.sh builds (none, mltrace, wandb). Model: MLP
 32-64-1 (Linear, ReLU, Linear), MSE loss, SGD, batch 64, ``--steps`` steps on CPU with
 ``torch.set_num_threads(1)``. The hook saves the collections weights, biases, gradients and losses
-every ``--interval`` steps (smdebug's SaveConfig(save_interval=N)).
+every ``--interval`` steps (smdebug's SaveConfig(save_interval=N)). ``mltrace_tb`` adds
+``export_tensorboard=True`` with no histograms (the loss as a TensorBoard scalar), ``mltrace_hist``
+the same with the histograms of every weight, bias and gradient (``save_histogram``): their
+ratio of added times is what TensorBoard histograms cost.
 
 Protocol (bench/README.md): one warm-up run and ``--runs`` measured runs per library, the
 median reported. A run is: fresh model, fresh hook on a fresh out_dir, ``--steps`` steps, then
@@ -23,6 +26,7 @@ Examples:
     .venv-legacy/bin/python bench/pytorch_overhead.py --lib none,mltrace,smdebug --json
     .venv/bin/python bench/pytorch_overhead.py --lib mltrace --write-trial /tmp/t_mltrace
     .venv-bench-wandb/bin/python bench/pytorch_overhead.py --lib none,mltrace,wandb
+    .venv/bin/python bench/pytorch_overhead.py --lib none,mltrace_tb,mltrace_hist
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ os.environ.setdefault("MLTRACE_LOG_LEVEL", "error")
 import torch
 from torch import nn
 
-LIBS = ("none", "mltrace", "smdebug", "wandb")
+LIBS = ("none", "mltrace", "mltrace_tb", "mltrace_hist", "smdebug", "wandb")
 COLLECTIONS = ["weights", "biases", "gradients", "losses"]
 BATCH, N_IN, N_HIDDEN, N_OUT = 64, 32, 64, 1
 
@@ -76,7 +80,7 @@ def hook_factory(lib: str) -> Callable[[str, int, nn.Module, nn.Module], Any] | 
         return None
     if lib == "wandb":
         return lambda out_dir, interval, model, loss_fn: WandbWatch(out_dir, interval, model)
-    if lib == "mltrace":
+    if lib.startswith("mltrace"):
         import mltrace.pytorch as smd
     elif lib == "smdebug":
         import smdebug.pytorch as smd  # type: ignore[no-redef]
@@ -84,11 +88,16 @@ def hook_factory(lib: str) -> Callable[[str, int, nn.Module, nn.Module], Any] | 
         raise SystemExit(f"--lib {lib!r}: choose from {', '.join(LIBS)}")
 
     def create(out_dir: str, interval: int, model: nn.Module, loss_fn: nn.Module) -> Any:
+        export = {"export_tensorboard": True} if lib in ("mltrace_tb", "mltrace_hist") else {}
         hook = smd.Hook(
             out_dir=out_dir,
             save_config=smd.SaveConfig(save_interval=interval),
             include_collections=list(COLLECTIONS),
+            **export,
         )
+        if lib == "mltrace_tb":  # the TensorBoard export without histograms (the loss scalar)
+            for name in COLLECTIONS:
+                hook.get_collection(name).save_histogram = False
         hook.register_module(model)
         hook.register_loss(loss_fn)
         return hook
@@ -162,7 +171,7 @@ def one_run(
 def library_version(lib: str) -> str | None:
     if lib == "none":
         return None
-    module = __import__(lib)
+    module = __import__(lib.split("_")[0])  # mltrace_tb, mltrace_hist: mltrace
     return getattr(module, "__version__", None)
 
 
@@ -294,10 +303,16 @@ def main(argv: list[str] | None = None) -> int:
         for lib, r in results.items():
             runs = ", ".join(f"{v:.3f}" for v in r["runs_ms_per_step"])
             print(
-                f"{lib:8s} interval {args.interval:4d}: {r['ms_per_step']:.3f} ms/step, "
+                f"{lib:12s} interval {args.interval:4d}: {r['ms_per_step']:.3f} ms/step, "
                 f"CPU {r['cpu_ms_per_step']:.3f} ms/step (median of {args.runs}: {runs}; "
                 f"warm-up {r['warmup_ms_per_step']:.3f})"
             )
+        if {"none", "mltrace_tb", "mltrace_hist"} <= set(results):
+            added = {lib: results[lib]["ms_per_step"] - results["none"]["ms_per_step"]
+                     for lib in ("mltrace_tb", "mltrace_hist")}
+            print(f"TensorBoard histograms: added {added['mltrace_hist']:.3f} ms/step with them, "
+                  f"{added['mltrace_tb']:.3f} without: "
+                  f"{added['mltrace_hist'] / added['mltrace_tb']:.2f}x (issue 14's target: <= 1.5x)")
     return 0
 
 

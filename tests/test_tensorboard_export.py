@@ -208,27 +208,35 @@ def test_one_file_per_mode_is_appended_and_flushed_in_the_background(tmp_path):
     assert [e.step for e in _accumulator(tmp_path / "tb" / "TRAIN").Scalars("loss")] == [0, 1]
 
 
-def test_summaries_reach_the_thread_once_a_step_in_order(tmp_path, monkeypatch):
-    """The background thread is handed a step's summaries together (one wake-up a step, not one
-    per summary), every SUBMIT_EVERY summaries within a long step, and all of them by close."""
+def test_small_steps_are_encoded_at_their_end_large_ones_by_the_thread(tmp_path, monkeypatch):
+    """A step's summaries are handed on together at end_step (or every SUBMIT_EVERY): a step
+    with few histogram values is encoded there, on the training thread; a larger one by the
+    background thread. The events keep the order of their steps either way."""
+    encoded_on: list[tuple[int, str]] = []
+    real = tbx.histogram_fields
+
+    def recording(values):
+        encoded_on.append((values.size, threading.current_thread().name))
+        return real(values)
+
+    monkeypatch.setattr(tbx, "histogram_fields", recording)
     writer = tbx.TensorBoardWriter(str(tmp_path / "tb"))
-    batches = []
-    real_put = writer._queue.put
-    monkeypatch.setattr(writer._queue, "put", lambda item, *a, **k: (
-        batches.append(len(item)) if isinstance(item, list) else None, real_put(item, *a, **k)))
-    values = np.linspace(-1, 1, 100, dtype=np.float32)
-    for step in range(3):
+    small, large = np.linspace(-1, 1, 100, dtype=np.float32), np.ones(tbx.INLINE_VALUES + 1, np.float32)
+    for step in range(6):
         writer.add_scalar(ModeKeys.TRAIN, step, "loss", float(step))
-        for i in range(8):
-            writer.add_histogram(ModeKeys.TRAIN, step, f"w{i}", values)
+        writer.add_histogram(ModeKeys.TRAIN, step, "w", large if step in (2, 3) else small)
         writer.end_step()
+        if step == 3:
+            writer.flush()  # a small step behind a large one still queued would go to the thread
     for i in range(tbx.SUBMIT_EVERY + 6):  # a step with more summaries than a batch holds
-        writer.add_scalar(ModeKeys.TRAIN, 3, f"s{i}", float(i))
+        writer.add_scalar(ModeKeys.TRAIN, 6, f"s{i}", float(i))
     writer.close()
-    assert batches == [9, 9, 9, tbx.SUBMIT_EVERY, 6]
+    here = threading.current_thread().name
+    assert [(size, name == here) for size, name in encoded_on] == [
+        (100, True), (100, True), (large.size, False), (large.size, False), (100, True), (100, True)]
     acc = _accumulator(tmp_path / "tb" / "TRAIN")
-    assert [e.step for e in acc.Scalars("loss")] == [0, 1, 2]
-    assert [e.step for e in acc.Histograms("w7")] == [0, 1, 2]
+    assert [e.step for e in acc.Scalars("loss")] == list(range(6))
+    assert [e.step for e in acc.Histograms("w")] == list(range(6))
     assert len(acc.Tags()["scalars"]) == 1 + tbx.SUBMIT_EVERY + 6
 
 
@@ -242,10 +250,11 @@ def test_training_thread_does_not_wait_for_binning_or_disk(tmp_path, monkeypatch
 
     monkeypatch.setattr(tbx, "histogram_fields", slow)
     writer = tbx.TensorBoardWriter(str(tmp_path / "tb"))
-    values = np.ones(1000, dtype=np.float32)
+    values = np.ones(tbx.INLINE_VALUES + 1, dtype=np.float32)  # too many to bin on this thread
     start = time.perf_counter()
     for step in range(20):
         writer.add_histogram(ModeKeys.TRAIN, step, "w", values)
+        writer.end_step()
         values[:] = step + 2  # the caller reuses its buffer (an optimizer updating weights in place)
     assert time.perf_counter() - start < 1.0
     release.set()
