@@ -106,6 +106,36 @@ def test_a_loss_spike_dumps(tmp_path):
     assert dump.steps_before == list(range(25, 35)) and dump.steps_after == [36, 37]
 
 
+class _Scale(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 1e20  # finite, but its square (in the l2 norm and the std) is not
+
+
+def test_finite_values_whose_norm_overflows_are_not_a_trigger(tmp_path):
+    """The per-step check sums the step's reductions: an l2 norm or std that overflowed makes
+    the sum infinite although every value is finite; min and max then say the tensor is fine."""
+    out = str(tmp_path / "run")
+    smd.get_collection("activations").include(r"^scale_output_0$")
+    hook = smd.Hook(out_dir=out, save_config=smd.SaveConfig(save_interval=500),
+                    include_collections=["losses"], flight_recorder=FlightRecorderConfig(
+                        steps=5, after_steps=1, collections=["activations"], loss_spike=None))
+    model = torch.nn.Sequential()
+    model.add_module("fc", torch.nn.Linear(4, 8))
+    model.add_module("scale", _Scale())
+    hook.register_module(model)
+    for _ in range(8):
+        (model(torch.randn(16, 4)) * 0.0).sum().backward()
+    assert _records(out) == []  # nothing fired
+    hook.dump_flight_recorder("look at the ring")
+    model(torch.randn(16, 4))
+    hook.close()
+    trial = create_trial(out)
+    step = trial.steps()[-2]
+    reduced = {r: float(trial.tensor("scale_output_0").reduction_value(step, r)) for r in ("min", "max", "l2")}
+    assert np.isfinite([reduced["min"], reduced["max"]]).all() and reduced["l2"] == np.inf
+    assert (_records(out)[0].dumps[0].trigger, _records(out)[0].first_nonfinite) == ("manual", None)
+
+
 def test_a_manual_dump_mid_step_is_written_at_the_steps_end(tmp_path):
     def on_step(hook, step):
         if step == 12:

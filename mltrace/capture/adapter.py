@@ -18,6 +18,7 @@ nothing of the hook.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -152,11 +153,18 @@ class Adapter:
 
     def reductions_to_flat(self, started: list[Any]) -> np.ndarray:
         """The results of :meth:`reduce_on_device` handles ``started``, concatenated into one
-        float64 array in their order (the flight recorder keeps a step's reductions this way;
-        every handle's reductions have values: it records no empty tensor)."""
+        float array in their order (the flight recorder keeps a step's reductions this way;
+        every handle's reductions have values: it records no empty tensor). Float64 here; an
+        adapter may keep the reductions' own float dtype."""
         return np.array([float(np.real(v)) if v is not None else np.nan
                          for result in self.reductions_to_host(started) for v in result],
                         dtype=np.float64)
+
+    def reductions_finite(self, started: list[Any]) -> bool:
+        """True if every result of the handles ``started`` is finite (the flight recorder's check
+        of each step). A NaN or an infinity carries into a sum, so a finite sum says all are;
+        a sum that overflowed says False as well, and the caller then looks value by value."""
+        return math.isfinite(sum(self.reductions_to_flat(started).tolist()))
 
     def pack_reductions(self, started: list[Any]) -> list[Any]:
         """:meth:`reduce_on_device` handles kept a while (the flight recorder's ring) in as few

@@ -17,6 +17,7 @@ check and the loss spike do), none otherwise until a dump.
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import threading
 import time
@@ -239,8 +240,10 @@ class FlightRecorder:
             return
         with self._lock:
             self._last = step
+            step.started = self.adapter.pack_reductions(step.started)
             if self.config.nonfinite or self.config.loss_spike is not None:
-                self._to_host(step)
+                if self.config.loss_spike is not None:
+                    self._to_host(step)  # the loss's value is read on the host
                 first = self._check_nonfinite(step) if self.config.nonfinite else None
                 spike = self._check_loss_spike(step)
                 if first is not None and self._armed:
@@ -256,7 +259,6 @@ class FlightRecorder:
                 write_current(self._records(step))
             if not keep:
                 step.saved = saved
-                step.started = self.adapter.pack_reductions(step.started)
                 self._push(step)
             elif self._pending is None and self._dump is not None:
                 self._dump.steps_after.append(step.step)
@@ -344,10 +346,15 @@ class FlightRecorder:
         return step.flat
 
     def _check_nonfinite(self, step: _Step) -> FirstNonFinite | None:
-        flat = self._to_host(step)
-        if np.isfinite(flat).all():  # every reduction finite: so is every tensor
+        # Every reduction finite means every tensor is (each has its min and max among them).
+        # Most steps end here, so this takes one copy and no numpy call (the first numpy call
+        # of a step costs ~9 us on a CPU after the training step has run: measured).
+        finite = (math.isfinite(sum(step.flat.tolist())) if step.flat is not None
+                  else self.adapter.reductions_finite(step.started))
+        if finite:
             self._armed = True
             return None
+        flat = self._to_host(step)
         bad = []
         for position, tensor in enumerate(step.tensors):
             if step.excused is not None and tensor.name.startswith(step.excused):
@@ -355,7 +362,7 @@ class FlightRecorder:
             checked = [tensor.offset] if tensor.scalar else [tensor.offset + i for i in self._check_positions]
             if not np.isfinite(flat[checked]).all():
                 bad.append((position, tensor.name))
-        if not bad:  # only a std or a norm overflowed, or excused gradients
+        if not bad:  # only a std, a norm or the sum overflowed, or excused gradients
             self._armed = True
             return None
         position, name = bad[0]
@@ -435,7 +442,7 @@ class FlightRecorder:
             for i, (red, abs_) in enumerate(tensor.items):
                 value = flat[tensor.offset + i]
                 out.append((reduction_tensor_name(tensor.name, red, abs_),
-                            np.asarray(np.int64(value) if red in _COUNTS else value)))
+                            np.asarray(np.int64(value) if red in _COUNTS else np.float64(value))))
         return out
 
 

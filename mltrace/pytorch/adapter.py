@@ -4,6 +4,7 @@ copies and on-device reductions of torch tensors (see mltrace.capture.adapter fo
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -236,11 +237,20 @@ class TorchAdapter(Adapter):
         return [s.results(host[id(s)]) if isinstance(s, DeviceReductions) else s for s in started]
 
     def reductions_to_flat(self, started: list[Any]) -> np.ndarray:
-        """A step's reductions in one device-to-host copy, when all of them wait on one device."""
+        """A step's reductions in one device-to-host copy, when all of them wait on one device
+        (in their own dtype: the flight recorder checks every step and converts only what it
+        writes)."""
         values = _stacked_on_one_device(started)
         if values is None:
             return super().reductions_to_flat(started)
-        return self._to_host(values).astype(np.float64, copy=False)
+        return self._to_host(values)
+
+    def reductions_finite(self, started: list[Any]) -> bool:
+        """A packed step's reductions are read as Python floats, in one copy and no numpy call."""
+        if len(started) == 1 and type(started[0]) is DeviceReductions and started[0].stacked is not None:
+            self.host_transfers += 1
+            return math.isfinite(sum(started[0].stacked.tolist()))
+        return super().reductions_finite(started)
 
     def pack_reductions(self, started: list[Any]) -> list[Any]:
         """A step's reductions as one tensor on their device (one object to keep, not one per
