@@ -10,6 +10,15 @@ from collections.abc import Sequence
 from mltrace.exceptions import MltraceValueError
 from mltrace.storage.base import Storage
 
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_PID = [os.getpid()]
+if hasattr(os, "register_at_fork"):  # a forked child writes temp files under its own pid
+    os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
+
+
+def _pid() -> int:
+    return _PID[0]
+
 
 class LocalStorage(Storage):
     """A trial in a local directory.
@@ -45,10 +54,18 @@ class LocalStorage(Storage):
             self._made_dirs.add(folder)
         # The temp file sits beside the target so that rename is atomic; readers skip dot files
         # and *.tmp. Its name is unique per process and thread (one writer per file at a time).
-        tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp = os.path.join(folder, f".{os.path.basename(path)}.{_pid()}.{threading.get_ident()}.tmp")
         try:
-            with open(tmp, "wb") as f:
-                f.write(data)
+            # os.open/os.write, not open(): three syscalls fewer a file (no fstat, ioctl, lseek
+            # of a buffered file object). Each syscall lets go of the interpreter's lock, which
+            # the writer's thread must then win back from the training thread.
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o666)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
             os.replace(tmp, path)
         except BaseException:
             try:
