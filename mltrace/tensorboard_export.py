@@ -39,6 +39,7 @@ draw); a tensor with no finite value gets none, and neither do bool, complex and
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -87,6 +88,7 @@ _file_counter = itertools.count()
 _TAG_CHARS = re.compile(r"[^-/\w.]")
 
 
+@functools.lru_cache(maxsize=4096)  # the same few names every step
 def clean_tag(name: str) -> str:
     """A summary tag from a tensor name, as smdebug (and TF) make them: characters outside
     ``[-/\\w.]`` become ``_`` and leading ``/`` go."""
