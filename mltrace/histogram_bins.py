@@ -86,7 +86,7 @@ def _count_each(v: np.ndarray) -> np.ndarray:
     # Slot 0 counts values below the first edge, slot -1 those at or above the last one;
     # comparing float32 values with float64 edges is exact.
     slots = np.bincount(np.searchsorted(DEFAULT_BINS, v, side="right"), minlength=_BUCKETS + 2)
-    counts = slots[1:-1].astype(np.int64)
+    counts = slots[1:-1]  # bincount counts in int64 (intp)
     if slots[-1]:  # the last bucket holds its right edge too
         counts[-1] += np.count_nonzero(v == DEFAULT_BINS[-1])
     return counts

@@ -213,13 +213,13 @@ def test_small_steps_are_encoded_at_their_end_large_ones_by_the_thread(tmp_path,
     with few histogram values is encoded there, on the training thread; a larger one by the
     background thread. The events keep the order of their steps either way."""
     encoded_on: list[tuple[int, str]] = []
-    real = tbx.histogram_fields
+    real = tbx.histogram_field_parts
 
     def recording(values):
         encoded_on.append((values.size, threading.current_thread().name))
         return real(values)
 
-    monkeypatch.setattr(tbx, "histogram_fields", recording)
+    monkeypatch.setattr(tbx, "histogram_field_parts", recording)
     writer = tbx.TensorBoardWriter(str(tmp_path / "tb"))
     small, large = np.linspace(-1, 1, 100, dtype=np.float32), np.ones(tbx.INLINE_VALUES + 1, np.float32)
     for step in range(6):
@@ -242,13 +242,13 @@ def test_small_steps_are_encoded_at_their_end_large_ones_by_the_thread(tmp_path,
 
 def test_training_thread_does_not_wait_for_binning_or_disk(tmp_path, monkeypatch):
     release = threading.Event()
-    real = tbx.histogram_fields
+    real = tbx.histogram_field_parts
 
     def slow(values):
         release.wait(10)
         return real(values)
 
-    monkeypatch.setattr(tbx, "histogram_fields", slow)
+    monkeypatch.setattr(tbx, "histogram_field_parts", slow)
     writer = tbx.TensorBoardWriter(str(tmp_path / "tb"))
     values = np.ones(tbx.INLINE_VALUES + 1, dtype=np.float32)  # too many to bin on this thread
     start = time.perf_counter()

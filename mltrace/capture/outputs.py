@@ -231,8 +231,11 @@ class Outputs:
         """TensorBoard scalars (tensors of scalar collections that squeeze to 0-d) and histograms
         (the first due collection with save_histogram), as smdebug exported them."""
         assert self.tensorboard is not None
-        scalar = any(c.name in SCALAR_COLLECTIONS for c in colls)
-        histo = next((c for c in colls if c.save_histogram and c.name not in NON_REDUCTION_COLLECTIONS), None)
+        scalar, histo = False, None
+        for c in colls:  # a loop, not any() and next(): this runs for every tensor saved
+            scalar = scalar or c.name in SCALAR_COLLECTIONS
+            if histo is None and c.save_histogram and c.name not in NON_REDUCTION_COLLECTIONS:
+                histo = c
         mode, step = self._clock.step_mode, self._clock.step
         if histo is not None and not on_host and self._adapter.bins_on_device(value):
             binned = self._adapter.device_histogram(value)  # only the counts leave the device

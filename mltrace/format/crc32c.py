@@ -23,7 +23,11 @@ def crc32c_extend(crc: int, data: bytes) -> int:
 
 def masked_crc32c(data: bytes | bytearray | memoryview) -> int:
     """Return TFRecord's masked CRC32C of ``data``: rotate right by 15 bits, add 0xA282EAD8."""
-    crc = crc32c(data)
+    return mask(crc32c(data))
+
+
+def mask(crc: int) -> int:
+    """TFRecord's mask of a plain CRC32C (see :func:`masked_crc32c`)."""
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 

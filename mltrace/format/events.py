@@ -136,22 +136,44 @@ def encode_histogram(
     ``bucket_limit[i]`` is the right edge of bucket ``i`` (the first bucket starts at -DBL_MAX);
     ``bucket`` holds the counts, as doubles.
     """
-    out = b"".join(_nonzero_double(f, v) for f, v in ((1, min), (2, max), (3, num), (4, sum), (5, sum_squares)))
-    limits = np.ascontiguousarray(bucket_limit, dtype="<f8")
-    counts = np.ascontiguousarray(bucket, dtype="<f8")
-    if limits.size:
-        out += w.len_field(6, limits.tobytes())
-    if counts.size:
-        out += w.len_field(7, counts.tobytes())
-    return out
+    return b"".join(histogram_parts(min, max, num, sum, sum_squares, bucket_limit, bucket))
+
+
+def histogram_parts(
+    min: float, max: float, num: float, sum: float, sum_squares: float,
+    bucket_limit: np.ndarray, bucket: np.ndarray,
+) -> list[bytes]:
+    """:func:`encode_histogram` in parts whose join is the proto: the two packed arrays (a few
+    kB each) are not copied into a joined proto before they are framed."""
+    head = b"".join(_nonzero_double(f, v) for f, v in ((1, min), (2, max), (3, num), (4, sum), (5, sum_squares)))
+    parts = [head]
+    for field_number, values in ((6, bucket_limit), (7, bucket)):
+        packed = np.ascontiguousarray(values, dtype="<f8").tobytes()
+        if packed:
+            parts += [w.key(field_number, w.LEN) + w.varint(len(packed)), packed]
+    return parts
 
 
 def encode_histogram_event(tag: str, histogram: bytes, step: int, wall_time: float) -> bytes:
     """Serialize a TensorBoard histogram Event: ``Value { 1 tag, 5 histo: HistogramProto }`` with
     no metadata, byte for byte what torch's ``SummaryWriter.add_histogram`` writes (TensorBoard's
     readers give such values the "histograms" plugin and its data class)."""
-    val = _tag_field(tag) + w.len_field(5, histogram)
-    return _event(wall_time, step, w.len_field(1, val))
+    return b"".join(histogram_event_parts(tag, [histogram], step, wall_time))
+
+
+def histogram_event_parts(tag: str, histogram: list[bytes], step: int, wall_time: float) -> list[bytes]:
+    """:func:`encode_histogram_event` of a HistogramProto given in parts (:func:`histogram_parts`),
+    in parts: each enclosing message's length is computed, so the proto is not copied once per
+    message around it."""
+    histogram_length = sum(len(p) for p in histogram)
+    value_head = _tag_field(tag) + w.key(5, w.LEN) + w.varint(histogram_length)
+    value_length = len(value_head) + histogram_length
+    summary_head = _SUMMARY_VALUE_KEY + w.varint(value_length)
+    event_head = w.double_field(1, wall_time) if wall_time else b""
+    if step:
+        event_head += w.varint_field(2, step)
+    event_head += _EVENT_SUMMARY_KEY + w.varint(len(summary_head) + value_length)
+    return [event_head + summary_head + value_head, *histogram]
 
 
 @dataclass

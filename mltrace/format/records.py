@@ -14,10 +14,10 @@ A record therefore takes ``len(payload) + 16`` bytes, the ``length`` stored in i
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from mltrace.exceptions import CorruptRecordError
-from mltrace.format.crc32c import MAGIC_DATA_CRC, masked_crc32c
+from mltrace.format.crc32c import MAGIC_DATA_CRC, crc32c_extend, mask, masked_crc32c
 
 HEADER_BYTES = 12
 FOOTER_BYTES = 4
@@ -38,6 +38,15 @@ def frame_record(payload: bytes, real_crc: bool = False) -> bytes:
     """Frame ``payload`` as one record; ``real_crc`` picks TensorBoard's footer over smdebug's."""
     footer = _U32.pack(masked_crc32c(payload)) if real_crc else MAGIC_FOOTER
     return record_header(len(payload)) + payload + footer
+
+
+def frame_parts(parts: Sequence[bytes]) -> list[bytes]:
+    """:func:`frame_record` (with the real CRC) of the payload ``b"".join(parts)``, as parts:
+    the caller copies each once into its buffer instead of joining the payload first."""
+    crc = 0
+    for part in parts:
+        crc = crc32c_extend(crc, part)
+    return [record_header(sum(len(p) for p in parts)), *parts, _U32.pack(mask(crc))]
 
 
 def unframe_record(record: bytes | memoryview, where: str, check_data: str = "any") -> bytes:
