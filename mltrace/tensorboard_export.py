@@ -189,7 +189,7 @@ class TensorBoardWriter:
     def add_histogram(self, mode: ModeKeys, step: int, tag: str, values: np.ndarray,
                       wall_time: float | None = None) -> None:
         """Queue a histogram of ``values``; a copy is taken here (the caller's buffer may be a
-        framework tensor's memory that the optimizer overwrites) and binned in the background."""
+        framework tensor's memory that the optimizer overwrites), binned at :meth:`end_step`."""
         if values.dtype.kind not in "iuf" or values.size == 0:
             return
         self._put(("h", mode, step, clean_tag(tag), np.array(values, copy=True),
