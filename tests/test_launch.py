@@ -285,6 +285,36 @@ model.predict(x, batch_size=32, verbose=0)
 print("keras done")
 """
 
+TAPE = """
+import numpy as np
+import tensorflow as tf
+
+tf.keras.utils.set_random_seed(0)
+model = tf.keras.Sequential([tf.keras.layers.Input((4,)), tf.keras.layers.Dense(3)])
+opt = tf.keras.optimizers.SGD(0.1)
+x, y = np.random.rand(8, 4).astype("float32"), np.random.rand(8, 3).astype("float32")
+
+
+@tf.function
+def train_step(x, y):
+    with tf.GradientTape() as tape:
+        with tf.GradientTape() as inner:  # a gradient penalty's tape: part of the outer step
+            inner.watch(x)
+            out = model(x, training=True)
+        penalty = tf.reduce_mean(tf.square(inner.gradient(out, x)))
+        loss = tf.reduce_mean(tf.square(out - y)) + 0.1 * penalty
+    grads = tape.gradient(loss, model.trainable_variables)
+    opt.apply_gradients(zip(grads, model.trainable_variables))
+    return loss
+
+
+for _ in range(3):
+    train_step(tf.constant(x), tf.constant(y))
+model.compile(optimizer=opt, loss="mse")
+model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+print("tape done")
+"""
+
 XGB_SKLEARN = """
 import numpy as np
 import xgboost as xgb
@@ -309,6 +339,22 @@ def test_keras_fit_evaluate_predict_get_the_hook(tmp_path: Path) -> None:
     assert trial.steps(mode="predict") == [0]
     names = set(trial.tensor_names(collection="gradients"))
     assert len(names) == 2  # kernel and bias: the optimizer is wrapped
+
+
+@pytest.mark.slow
+def test_a_gradienttape_loop_gets_the_hook_one_step_per_outer_tape(tmp_path: Path) -> None:
+    """A tf.function step with a tape inside the tape (a gradient penalty), then fit: each outer
+    tape begins one TRAIN step, the inner one none, and fit's own tapes none (fit's 2 batches
+    are 2 more steps); the optimizer is wrapped at its first apply (its gradients saved)."""
+    script = write(tmp_path, "tape_train.py", TAPE)
+    out = tmp_path / "trial"
+    assert "tape done" in check(mltrace_run("--out-dir", str(out), *SAVE_EVERY_STEP, str(script)))
+    trial = create_trial(str(out))
+    assert trial.steps(mode="train") == [0, 1, 2, 3, 4]
+    assert trial.tensor("loss").steps() == [0, 1, 2, 3, 4]
+    gradients = trial.tensor_names(collection="gradients")
+    assert len(gradients) == 2 and all(trial.tensor(g).steps() == [0, 1, 2, 3, 4] for g in gradients)
+    assert trial.tensor("weights/sequential/dense/kernel:0").steps() == [0, 1, 2]  # the tape's
 
 
 def test_xgboost_sklearn_estimator_gets_the_hook(tmp_path: Path) -> None:
