@@ -208,6 +208,19 @@ def test_a_script_with_its_own_hook_keeps_it(tmp_path: Path) -> None:
     assert trial.steps() == [0, 1]
 
 
+@pytest.mark.slow
+def test_graph_mode_examples_own_hook_is_kept(tmp_path: Path) -> None:
+    """The original SessionHook example (it passes its own hook to its MonitoredTrainingSession
+    and wraps its optimizer) under mltrace run: no second hook, its trial as without mltrace."""
+    own, ours = tmp_path / "own", tmp_path / "ours"
+    check(mltrace_run("--out-dir", str(ours), *SAVE_EVERY_STEP,
+                      str(ROOT / "examples" / "tensorflow" / "session_hook.py"), "--out-dir", str(own)))
+    assert not ours.exists()  # no second hook
+    trial = create_trial(str(own))
+    assert trial.steps(mode="train") == [0, 5, 10, 15] and trial.steps(mode="eval") == [0]
+    assert "w:0" in trial.tensor_names()
+
+
 def test_module_mode_and_config_file_from_the_environment(tmp_path: Path) -> None:
     write(tmp_path, "trainmod.py", FUNCTIONAL)
     out = tmp_path / "trial"

@@ -64,6 +64,10 @@ PAIRS = {
         ["--out-dir", "{out}", "--epochs", "1"],
         ["--config", "tf_keras_gradienttape.json", "tf_keras_gradienttape.py", "--epochs", "1"],
         EXAMPLES / "tensorflow" / "tf_keras_gradienttape.py", rtol=1e-6, script_only=("accuracy",)),
+    "tf-session-hook": Pair(
+        ["--out-dir", "{out}", "--steps", "20"],
+        ["--config", "session_hook.json", "session_hook.py", "--steps", "20"],
+        EXAMPLES / "tensorflow" / "session_hook.py"),
     "xgboost-feature-importance": Pair(
         ["--out-dir", "{out}", "--rounds", "12", "--plot", "{out}.png"],
         ["--config", "feature_importance.json", "feature_importance.py", "--rounds", "12"],
@@ -128,7 +132,7 @@ def test_stripped_example_under_mltrace_run_leaves_the_same_trial(
 def test_stripped_copies_carry_no_mltrace_line() -> None:
     """They import nothing of mltrace and name no hook: the attaching is mltrace run's alone."""
     scripts = sorted(STRIPPED.glob("*.py"))
-    assert len(scripts) == 5
+    assert len(scripts) == 6
     for script in scripts:
         tree = ast.parse(script.read_text())
         imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)

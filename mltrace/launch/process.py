@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 ATTACHMENTS = {
     "torch": "mltrace.launch.attach_torch",
     "keras": "mltrace.launch.attach_keras",
+    "tensorflow": "mltrace.launch.attach_tf_session",
     "xgboost": "mltrace.launch.attach_xgboost",
     "mxnet": "mltrace.launch.attach_mxnet",
 }
