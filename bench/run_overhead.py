@@ -58,6 +58,10 @@ WORKLOADS = {
               "keras_fit.json"),
     "xgboost": ("xgboost,mltrace.xgboost", "feature_importance.py", ["--rounds", "3000"],
                 "feature_importance.json"),
+    "gradienttape": ("tensorflow,keras,mltrace.tensorflow", "tf_keras_gradienttape.py",
+                     ["--epochs", "20"], "tf_keras_gradienttape.json"),
+    "tf_session": ("tensorflow,mltrace.tensorflow", "session_hook.py", ["--steps", "2000"],
+                   "session_hook.json"),
 }
 TIMED = '''
 import importlib, os, runpy, sys, time

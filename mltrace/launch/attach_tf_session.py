@@ -38,12 +38,13 @@ class SessionAttachment:
         self._wrapped: weakref.WeakSet[Any] = weakref.WeakSet()
         self._optimizer = guarded(session, FRAMEWORK)(self._wrap_optimizer)
         self._hooks = guarded(session, FRAMEWORK)(self._with_hook)
+        self.mode_of_run = guarded(session, FRAMEWORK)(self.mode_of)  # None after an error
         train = tf.compat.v1.train
         train.Optimizer.apply_gradients = self._on_apply(train.Optimizer.apply_gradients)
         for name in SESSIONS:
             cls = getattr(train, name)
             cls.__init__ = self._on_session(cls.__init__)
-        self._mode_hook_class = _mode_hook_class(tf, self)
+        self._tf = tf
 
     # -- optimizers -----------------------------------------------------------------------------
     def _on_apply(self, original: Any) -> Any:
@@ -69,10 +70,8 @@ class SessionAttachment:
         return True
 
     def _ensure_hook(self) -> Any:
-        if self.hook is None:
-            import mltrace.tensorflow
-
-            self.hook = self.session.create_hook(mltrace.tensorflow.SessionHook, FRAMEWORK)
+        if self.hook is None and FRAMEWORK not in self.session.off:
+            self.hook = self.session.create_hook(_hook_class(self), FRAMEWORK)
         return self.hook
 
     # -- sessions -------------------------------------------------------------------------------
@@ -90,8 +89,8 @@ class SessionAttachment:
 
     def _with_hook(self, signature: inspect.Signature, monitored: Any, args: tuple[Any, ...],
                    kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-        """The session's arguments with the mode hook and the SessionHook added to its hooks
-        (None: leave them as they are)."""
+        """The session's arguments with the SessionHook added to its hooks (None: leave them as
+        they are)."""
         import mltrace.tensorflow
 
         bound = signature.bind(monitored, *args, **kwargs)
@@ -101,30 +100,32 @@ class SessionAttachment:
         hook = self._ensure_hook()
         if hook is None:
             return None
-        bound.arguments["hooks"] = [*hooks, self._mode_hook_class(), hook]
+        bound.arguments["hooks"] = [*hooks, hook]
         return bound.args[1:], bound.kwargs
 
-    def mode_of(self, fetches: Any, tf: Any) -> Any:
+    def mode_of(self, fetches: Any) -> Any:
         """TRAIN for a run that fetches a training op of a wrapped optimizer, else EVAL."""
         from mltrace.modes import ModeKeys
 
-        for fetched in tf.nest.flatten(fetches):
+        for fetched in self._tf.nest.flatten(fetches):
             op = getattr(fetched, "op", fetched)  # a tensor's op, or the operation itself
             if any(op is train_op for train_op in self._train_ops):
                 return ModeKeys.TRAIN
         return ModeKeys.EVAL
 
 
-def _mode_hook_class(tf: Any, attachment: SessionAttachment) -> type:
-    """A SessionRunHook, run before the SessionHook, that sets its mode from each run's fetches."""
+def _hook_class(attachment: SessionAttachment) -> type:
+    """The SessionHook that sets its mode from each run's fetches before the run's step."""
+    import mltrace.tensorflow
 
-    class SetModeFromFetches(tf.compat.v1.train.SessionRunHook):
-        def before_run(self, run_context: Any) -> None:
-            hook = attachment.hook
-            if hook is not None:
-                hook.set_mode(attachment.mode_of(run_context.original_args.fetches, tf))
+    class RunSessionHook(mltrace.tensorflow.SessionHook):
+        def before_run(self, run_context: Any) -> Any:
+            mode = attachment.mode_of_run(run_context.original_args.fetches)
+            if mode is not None:
+                self.set_mode(mode)
+            return super().before_run(run_context)
 
-    return SetModeFromFetches
+    return RunSessionHook
 
 
 def attach(session: Session, tf: Any) -> SessionAttachment:
