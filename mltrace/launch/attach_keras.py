@@ -91,7 +91,6 @@ class KerasAttachment:
             hook.wrap_optimizer(model.optimizer)
         return bound.args[1:], bound.kwargs
 
-
     # -- custom training loops ----------------------------------------------------------------
     def _on_new_tape(self, original: Any) -> Any:
         @functools.wraps(original)
