@@ -46,10 +46,22 @@ def _tag_field(tag: str) -> bytes:
 
 
 def _event(wall_time: float, step: int, summary: bytes) -> bytes:
+    return _event_fields(wall_time, step) + w.len_field(5, summary)
+
+
+def _event_fields(wall_time: float, step: int) -> bytes:
+    """An Event's fields before its summary: wall_time and step, each left out when zero."""
     head = w.double_field(1, wall_time) if wall_time else b""
-    if step:
-        head += w.varint_field(2, step)
-    return head + w.len_field(5, summary)
+    return head + w.varint_field(2, step) if step else head
+
+
+def _heads_before_value(wall_time: float, step: int, value_length: int) -> bytes:
+    """An Event's bytes before the one Summary.Value of ``value_length`` bytes it holds: its
+    own fields, the summary's key and length, the value's key and length (lengths computed,
+    so the value is not copied into each enclosing message)."""
+    summary_head = _SUMMARY_VALUE_KEY + w.varint(value_length)
+    return (_event_fields(wall_time, step) + _EVENT_SUMMARY_KEY
+            + w.varint(len(summary_head) + value_length) + summary_head)
 
 
 def encode_tensor_event(
@@ -74,12 +86,7 @@ def tensor_event_parts(
     metadata = _metadata_field(mode, mode_step)
     value_head = _value_head(tag, tensor_head, len(content))
     value_len = len(value_head) + len(content) + len(metadata)
-    summary_head = _SUMMARY_VALUE_KEY + w.varint(value_len)
-    event_head = w.double_field(1, wall_time) if wall_time else b""
-    if step:
-        event_head += w.varint_field(2, step)
-    event_head += _EVENT_SUMMARY_KEY + w.varint(len(summary_head) + value_len)
-    return event_head + summary_head + value_head, content, metadata
+    return _heads_before_value(wall_time, step, value_len) + value_head, content, metadata
 
 
 @functools.lru_cache(maxsize=8192)
@@ -168,12 +175,7 @@ def histogram_event_parts(tag: str, histogram: list[bytes], step: int, wall_time
     histogram_length = sum(len(p) for p in histogram)
     value_head = _tag_field(tag) + w.key(5, w.LEN) + w.varint(histogram_length)
     value_length = len(value_head) + histogram_length
-    summary_head = _SUMMARY_VALUE_KEY + w.varint(value_length)
-    event_head = w.double_field(1, wall_time) if wall_time else b""
-    if step:
-        event_head += w.varint_field(2, step)
-    event_head += _EVENT_SUMMARY_KEY + w.varint(len(summary_head) + value_length)
-    return [event_head + summary_head + value_head, *histogram]
+    return [_heads_before_value(wall_time, step, value_length) + value_head, *histogram]
 
 
 @dataclass
