@@ -63,7 +63,7 @@ from mltrace.format.events import (
     histogram_parts,
 )
 from mltrace.format.records import frame_parts, frame_record
-from mltrace.histogram_bins import DEFAULT_BINS, Binned, bin_values
+from mltrace.histogram_bins import DEFAULT_BINS, EDGE_LIST, Binned, bin_values
 from mltrace.modes import ModeKeys
 from mltrace.storage import open_storage
 
@@ -128,17 +128,14 @@ def binned_parts(binned: Binned) -> list[bytes] | None:
                            limits, counts)
 
 
-_EDGES = DEFAULT_BINS.tolist()  # bisect on a list: a fraction of a microsecond per search
-
-
 def _filled_span(binned: Binned) -> tuple[int, int] | None:
     """The first filled bucket and one past the last; None if every bucket is empty.
 
     They are the buckets of the values' min and max whenever those lie within the edges (the
     usual case, found by two searches); otherwise, the counts are scanned."""
     counts, last = binned.counts, len(binned.counts) - 1
-    start = bisect_right(_EDGES, binned.min) - 1
-    end = last if binned.max == _EDGES[-1] else bisect_right(_EDGES, binned.max) - 1
+    start = bisect_right(EDGE_LIST, binned.min) - 1
+    end = last if binned.max == EDGE_LIST[-1] else bisect_right(EDGE_LIST, binned.max) - 1
     if 0 <= start <= end <= last and counts[start] and counts[end]:
         return start, end + 1
     filled = np.flatnonzero(counts)
