@@ -11,6 +11,7 @@ use these to compute from raw tensors.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -129,6 +130,13 @@ def compute(name: str, value: np.ndarray, abs: bool = False) -> np.ndarray | Non
     """
     statistic = statistic_name(canonical_name(name), abs)
     return compute_many(value, [statistic]).get(statistic)
+
+
+def all_finite(values: Iterable[float]) -> bool:
+    """True if every one of ``values`` is finite, found by summing them as Python floats (no
+    numpy call): a NaN or an infinity carries into the sum. A sum that overflowed answers
+    False too, so False means "look value by value", not "one is not finite"."""
+    return math.isfinite(sum(values))
 
 
 def reduction_tensor_name(tensor_name: str, name: str, abs: bool) -> str:

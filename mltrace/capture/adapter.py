@@ -18,7 +18,6 @@ nothing of the hook.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -162,9 +161,11 @@ class Adapter:
 
     def reductions_finite(self, started: list[Any]) -> bool:
         """True if every result of the handles ``started`` is finite (the flight recorder's check
-        of each step). A NaN or an infinity carries into a sum, so a finite sum says all are;
-        a sum that overflowed says False as well, and the caller then looks value by value."""
-        return math.isfinite(sum(self.reductions_to_flat(started).tolist()))
+        of each step); False may also mean a sum that overflowed (mltrace.reductions.all_finite):
+        the caller then looks value by value."""
+        from mltrace.reductions import all_finite
+
+        return all_finite(self.reductions_to_flat(started).tolist())
 
     def pack_reductions(self, started: list[Any]) -> list[Any]:
         """:meth:`reduce_on_device` handles kept a while (the flight recorder's ring) in as few

@@ -17,7 +17,6 @@ check and the loss spike do), none otherwise until a dump.
 from __future__ import annotations
 
 import logging
-import math
 import statistics
 import threading
 import time
@@ -38,7 +37,7 @@ from mltrace.collections import SCALAR_COLLECTIONS, Collection, CollectionKeys
 from mltrace.exceptions import MltraceTypeError, MltraceValueError
 from mltrace.format.flight_record import Dump, FirstNonFinite, FlightRecord, record_key
 from mltrace.modes import ModeKeys
-from mltrace.reductions import reduction_tensor_name
+from mltrace.reductions import all_finite, reduction_tensor_name
 
 if TYPE_CHECKING:
     from mltrace.writer import TrialWriter
@@ -349,7 +348,7 @@ class FlightRecorder:
         # Every reduction finite means every tensor is (each has its min and max among them).
         # Most steps end here, so this takes one copy and no numpy call (the first numpy call
         # of a step costs ~9 us on a CPU after the training step has run: measured).
-        finite = (math.isfinite(sum(step.flat.tolist())) if step.flat is not None
+        finite = (all_finite(step.flat.tolist()) if step.flat is not None
                   else self.adapter.reductions_finite(step.started))
         if finite:
             self._armed = True

@@ -4,7 +4,6 @@ copies and on-device reductions of torch tensors (see mltrace.capture.adapter fo
 from __future__ import annotations
 
 import logging
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,7 +42,7 @@ from mltrace.pytorch.reductions import (
     start_reductions,
 )
 from mltrace.pytorch.sharded import ReductionBatch, gather_full, is_sharded
-from mltrace.reductions import canonical_name
+from mltrace.reductions import all_finite, canonical_name
 
 if TYPE_CHECKING:
     from mltrace.hook import Hook
@@ -249,7 +248,7 @@ class TorchAdapter(Adapter):
         """A packed step's reductions are read as Python floats, in one copy and no numpy call."""
         if len(started) == 1 and type(started[0]) is DeviceReductions and started[0].stacked is not None:
             self.host_transfers += 1
-            return math.isfinite(sum(started[0].stacked.tolist()))
+            return all_finite(started[0].stacked.tolist())
         return super().reductions_finite(started)
 
     def pack_reductions(self, started: list[Any]) -> list[Any]:
