@@ -11,13 +11,16 @@ from mltrace.exceptions import MltraceValueError
 from mltrace.storage.base import Storage
 
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_PID = [os.getpid()]
+_PID = os.getpid()  # in temp file names; asked once, not per file
+
+
+def _refresh_pid() -> None:
+    global _PID
+    _PID = os.getpid()
+
+
 if hasattr(os, "register_at_fork"):  # a forked child writes temp files under its own pid
-    os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
-
-
-def _pid() -> int:
-    return _PID[0]
+    os.register_at_fork(after_in_child=_refresh_pid)
 
 
 class LocalStorage(Storage):
@@ -54,7 +57,7 @@ class LocalStorage(Storage):
             self._made_dirs.add(folder)
         # The temp file sits beside the target so that rename is atomic; readers skip dot files
         # and *.tmp. Its name is unique per process and thread (one writer per file at a time).
-        tmp = os.path.join(folder, f".{os.path.basename(path)}.{_pid()}.{threading.get_ident()}.tmp")
+        tmp = os.path.join(folder, f".{os.path.basename(path)}.{_PID}.{threading.get_ident()}.tmp")
         try:
             # os.open/os.write, not open(): three syscalls fewer a file (no fstat, ioctl, lseek
             # of a buffered file object). Each syscall lets go of the interpreter's lock, which
