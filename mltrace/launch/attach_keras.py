@@ -134,12 +134,9 @@ class KerasAttachment:
         loop's first tape), unless a wrapped tape is recording (a tape inside a tape)."""
         import mltrace.tensorflow
 
-        hook = self.callback.hook
+        hook = self.callback.hook_for(mltrace.tensorflow.KerasHook)
         if hook is None:
-            hook = self.callback.hook = self.callback.session.create_hook(
-                mltrace.tensorflow.KerasHook, FRAMEWORK)
-            if hook is None:
-                return
+            return
         if getattr(self._open, "depth", 0) == 0:
             hook.wrap_tape(tape)
             self._tapes.add(tape)

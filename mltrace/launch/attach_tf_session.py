@@ -21,6 +21,7 @@ import inspect
 import weakref
 from typing import Any
 
+from mltrace.launch.callbacks import SessionCallback
 from mltrace.launch.session import Session, guarded
 
 FRAMEWORK = "tensorflow"
@@ -31,8 +32,7 @@ class SessionAttachment:
     """Wraps ``tf.compat.v1.train``'s optimizers and monitored sessions (see module docstring)."""
 
     def __init__(self, session: Session, tf: Any) -> None:
-        self.session = session
-        self.hook: Any = None
+        self.callback = SessionCallback(session, FRAMEWORK, argument="hooks")
         self._train_ops: list[Any] = []  # what wrapped optimizers built (compared by identity:
         # graph tensors may be unhashable)
         self._wrapped: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -62,17 +62,17 @@ class SessionAttachment:
 
     def _wrap_optimizer(self, optimizer: Any) -> bool:
         """Wrap ``optimizer`` with the session's hook (created here); True if it was wrapped."""
-        hook = self._ensure_hook()
+        hook = self.callback.hook_for(self.hook_class)
         if hook is None:
             return False
         self._wrapped.add(optimizer)
         hook.wrap_optimizer(optimizer)
         return True
 
-    def _ensure_hook(self) -> Any:
-        if self.hook is None and FRAMEWORK not in self.session.off:
-            self.hook = self.session.create_hook(_hook_class(self), FRAMEWORK)
-        return self.hook
+    @functools.cached_property
+    def hook_class(self) -> type:
+        """The session's SessionHook class (made at the first hook: it imports mltrace.tensorflow)."""
+        return _hook_class(self)
 
     # -- sessions -------------------------------------------------------------------------------
     def _on_session(self, original: Any) -> Any:
@@ -90,17 +90,14 @@ class SessionAttachment:
     def _with_hook(self, signature: inspect.Signature, monitored: Any, args: tuple[Any, ...],
                    kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         """The session's arguments with the SessionHook added to its hooks (None: leave them as
-        they are)."""
+        they are: the script passes or made a hook of its own)."""
         import mltrace.tensorflow
 
         bound = signature.bind(monitored, *args, **kwargs)
-        hooks = list(bound.arguments.get("hooks") or ())
-        if any(isinstance(h, mltrace.tensorflow.SessionHook) for h in hooks):
-            return None  # the script passes its own hook
-        hook = self._ensure_hook()
-        if hook is None:
+        if self.callback.hook_for(self.hook_class) is None:
             return None
-        bound.arguments["hooks"] = [*hooks, hook]
+        if self.callback.add_to(bound, mltrace.tensorflow.SessionHook) is None:
+            return None
         return bound.args[1:], bound.kwargs
 
     def mode_of(self, fetches: Any) -> Any:

@@ -22,12 +22,23 @@ class SessionCallback:
     Args:
         session: the process's session, which creates the hook from the run's configuration.
         framework: the attachment's name (``"keras"``, ``"xgboost"``), for its log lines.
+        argument: the calls' argument that takes the hook (``tf.compat.v1``'s monitored
+            sessions take ``hooks``).
     """
 
-    def __init__(self, session: Session, framework: str) -> None:
+    def __init__(self, session: Session, framework: str, argument: str = "callbacks") -> None:
         self.session = session
         self.framework = framework
+        self.argument = argument
         self.hook: Any = None
+
+    def hook_for(self, hook_class: type, save_defaults: Mapping[str, Any] | None = None) -> Any | None:
+        """The session's hook of this framework, created of ``hook_class`` at the first call
+        (also by training that takes no callbacks: a GradientTape loop, an optimizer built into a
+        graph); None where the session makes none (the script has its own hook)."""
+        if self.hook is None:
+            self.hook = self.session.create_hook(hook_class, self.framework, save_defaults)
+        return self.hook
 
     def add_to(self, bound: inspect.BoundArguments, hook_class: type,
                save_defaults: Mapping[str, Any] | None = None) -> Any | None:
@@ -35,12 +46,11 @@ class SessionCallback:
         keeps its arguments. The hook is created at the first call, of ``hook_class`` (passed
         per call: the framework's mltrace module is imported only once the script trains), with
         the framework's own ``save_defaults`` (XGBoost: every 10 rounds)."""
-        callbacks = list(bound.arguments.get("callbacks") or ())
+        callbacks = list(bound.arguments.get(self.argument) or ())
         if any(isinstance(c, hook_class) for c in callbacks):
             return None  # the script passes its own hook
-        if self.hook is None:
-            self.hook = self.session.create_hook(hook_class, self.framework, save_defaults)
-            if self.hook is None:
-                return None
-        bound.arguments["callbacks"] = [*callbacks, self.hook]
-        return self.hook
+        hook = self.hook_for(hook_class, save_defaults)
+        if hook is None:
+            return None
+        bound.arguments[self.argument] = [*callbacks, hook]
+        return hook
