@@ -29,6 +29,7 @@ has no index (absent for readers, never an error).
 
 from __future__ import annotations
 
+import functools
 import logging
 import queue
 import threading
@@ -48,10 +49,14 @@ from mltrace.format.records import MAGIC_FOOTER, OVERHEAD_BYTES, record_header
 from mltrace.modes import ModeKeys
 from mltrace.spill import SpillDir, default_spill_root
 from mltrace.storage.base import Storage
+from mltrace.writer_process import WriterProcess, WriterProcessGone
 
 logger = logging.getLogger(__name__)
 
 _STOP = object()
+#: The files handed over together (a step: its events file, then its index file); None as data
+#: deletes the file.
+FileGroup = Sequence[tuple[str, "bytes | None"]]
 #: What the background thread may hold before the training thread waits (see TrialWriter).
 DEFAULT_MAX_PENDING_BYTES = 256 << 20
 # _write_one's outcomes.
@@ -77,12 +82,16 @@ class TrialWriter:
         max_pending_bytes: bytes of files queued for the background thread (and being
             written) before the training thread waits for the disk, or, with a remote store,
             before files go to the local spill. Memory stays bounded on a slow disk.
+        batch_steps: let the writer process take steps in batches (mltrace.writer_process);
+            False hands each step over at once, so that a write failure is known within a
+            step or two (strict hooks, which raise it in training).
     """
 
     def __init__(self, storage: Storage, worker: str, max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
                  spill_root: str | None = None, close_timeout: float = 60.0,
-                 retry_interval: float = 2.0) -> None:
+                 retry_interval: float = 2.0, batch_steps: bool = True) -> None:
         self.storage = storage
+        self.batch_steps = batch_steps
         self.worker = paths.check_worker_name(worker)
         self._step: _StepFile | None = None
         self._queue: ByteQueue[object] = ByteQueue(max_pending_bytes)
@@ -97,6 +106,11 @@ class TrialWriter:
         self.spill = SpillDir(spill_root or default_spill_root(), storage.uri, self.worker) if remote else None
         self._spill_lock = threading.Lock()
         self._outage_logged = False
+        self._process = None if remote else WriterProcess.start(
+            storage, max_pending_bytes, functools.partial(_failed_in_process, self.failures, storage.uri))
+        self._lister: threading.Thread | None = None
+        if self._process is not None:
+            self._list_earlier_run()
 
     # -- one step -------------------------------------------------------------------------------
     def open_step(self, step: int, mode: ModeKeys, mode_step: int) -> None:
@@ -149,7 +163,7 @@ class TrialWriter:
             step.index.event_file_name = event_key
             files.append((event_key, b"".join(step.parts)))  # the values' second and last copy
         files.append((paths.index_file_key(step.step, self.worker), encode_index(step.index)))
-        self._submit(files)
+        self._submit(files, soon=not self.batch_steps)
         self.steps_written += 1
         return True
 
@@ -166,8 +180,59 @@ class TrialWriter:
         """Queue any other file of the trial (e.g. the MLflow run file)."""
         self._submit([(key, data)])
 
+    # -- writer process ---------------------------------------------------------------------------
+    def _list_earlier_run(self) -> None:
+        """Find an earlier run's steps (see the module docstring) off the training thread, for
+        the writer process; a trial without index files yet needs no listing."""
+        if not self.storage.exists(paths.INDEX_DIR):
+            self._earlier_steps = set()
+            return
+
+        def find() -> None:
+            self._earlier_steps = self._find_earlier_run()
+
+        self._lister = threading.Thread(target=find, name="mltrace-writer-list", daemon=True)
+        self._lister.start()
+
+    def _send(self, files: FileGroup, soon: bool) -> None:
+        """Hand ``files`` to the writer process (``soon``: now, not with a batch of steps); if
+        it is gone, the thread takes over."""
+        assert self._process is not None
+        if self._lister is not None:
+            self._lister.join()
+            self._lister = None
+        try:
+            self._process.send(self._replacing_earlier(files), soon)
+        except WriterProcessGone:
+            self._take_over()
+
+    def _take_over(self) -> None:
+        """The writer process is gone: the thread writes from now on, starting with the files
+        the process never got. If it died while running (killed), what it held and had not
+        written is lost, which is recorded as a failure."""
+        assert self._process is not None
+        process, self._process = self._process, None
+        started = process.started
+        unsent = process.take_unsent()
+        status = process.close()
+        if not started:
+            logger.debug("the writer process of %s did not start; writing with a thread", self.storage.uri)
+        elif status is not None:  # None: a forked copy of the process that owns the child
+            self._record_failure(
+                f"{self.storage.uri} (the files its writer process had not written yet)",
+                RuntimeError(f"the writer process {process.pid} exited with status {status}; "
+                             "a thread of this process writes the next files"))
+        for group in unsent:
+            self._submit(list(group))
+
     # -- background thread ----------------------------------------------------------------------
-    def _submit(self, files: list[tuple[str, bytes]]) -> None:
+    def _submit(self, files: FileGroup, soon: bool = True) -> None:
+        """Hand ``files`` to whoever writes them: the writer process, or the thread. Files other
+        than steps' (``soon``) go to the process at once: readers look for the collections file
+        as soon as a trial exists."""
+        if self._process is not None:
+            self._send(files, soon)
+            return
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._run, name="mltrace-writer", daemon=True)
             self._thread.start()
@@ -184,7 +249,7 @@ class TrialWriter:
             with self._spill_lock:
                 self._spill(files)
 
-    def _spill(self, files: Sequence[tuple[str, bytes | None]]) -> None:
+    def _spill(self, files: FileGroup) -> None:
         assert self.spill is not None
         if not self._outage_logged:
             self._outage_logged = True
@@ -220,7 +285,7 @@ class TrialWriter:
             finally:
                 self._queue.task_done(size)
 
-    def _write_group(self, files: list[tuple[str, bytes]]) -> None:
+    def _write_group(self, files: FileGroup) -> None:
         """Write one submitted group of files in order (a step: events file, then index file),
         stopping at the first that fails; never raises (failures are recorded)."""
         try:
@@ -255,7 +320,7 @@ class TrialWriter:
                            self.worker)
         return steps
 
-    def _replacing_earlier(self, files: list[tuple[str, bytes]]) -> Sequence[tuple[str, bytes | None]]:
+    def _replacing_earlier(self, files: FileGroup) -> FileGroup:
         """``files``, led by the removal (None) of the earlier run's index file when they are an
         events file and an index file that replace a step of that run."""
         parsed = paths.parse_index_key(files[-1][0]) if len(files) > 1 else None
@@ -306,13 +371,15 @@ class TrialWriter:
             return _LOST
 
     def _record_failure(self, location: str, exc: BaseException) -> None:
-        self.failures.record(f"could not write {location}: {type(exc).__name__}: {exc}",
-                             TrialWriteError(location, exc))
+        _record_failure(self.failures, location, exc)
 
     def discard(self) -> None:
         """Stop without writing what is still queued (the hook found its out_dir replaced: those
         files belong in a folder that is gone); a file being written now is finished."""
         self._step = None
+        if self._process is not None:
+            self._process.close(discard=True)
+            self._process = None
         while True:
             try:
                 _, size = self._queue.get(timeout=0)
@@ -323,6 +390,10 @@ class TrialWriter:
 
     def flush(self) -> None:
         """Wait until every queued file is written."""
+        if self._process is not None:
+            self._process.flush()
+            if self._process.gone:  # before it wrote what it was sent, if it never started
+                self._take_over()
         if self._thread is not None and self._thread.is_alive():
             self._queue.join()
 
@@ -334,6 +405,14 @@ class TrialWriter:
         uploads it later.
         """
         self.close_step()
+        if self._process is not None:
+            self.flush()  # the thread takes over if the process is gone
+        if self._process is not None:
+            process, self._process = self._process, None
+            status = process.close()
+            if status:
+                self._record_failure(f"{self.storage.uri} (the files its writer process had not written yet)",
+                                     RuntimeError(f"the writer process {process.pid} exited with status {status}"))
         if self._thread is not None and self._thread.is_alive():
             deadline = time.monotonic() + self.close_timeout
             if self.spill is None:
@@ -359,9 +438,19 @@ class TrialWriter:
         self.failures.summarize(f"files of {self.storage.uri} could not be written")
 
 
-def _size(files: Sequence[tuple[str, bytes]]) -> int:
+def _record_failure(failures: FailureLog, location: str, exc: BaseException) -> None:
+    failures.record(f"could not write {location}: {type(exc).__name__}: {exc}", TrialWriteError(location, exc))
+
+
+def _failed_in_process(failures: FailureLog, uri: str, key: str, exc: BaseException) -> None:
+    """What the writer process could not write (not a method: its reports thread must not keep
+    the TrialWriter alive)."""
+    _record_failure(failures, f"{uri}/{key}", exc)
+
+
+def _size(files: FileGroup) -> int:
     """The memory a queued group of files holds (a small floor per file bounds empty files too)."""
-    return sum(len(data) + 256 for _, data in files)
+    return sum(len(data or b"") + 256 for _, data in files)
 
 
 __all__ = ["TrialWriter"]

@@ -84,7 +84,8 @@ class TmpfsDisk:
 
 
 class FsizeDisk:
-    """RLIMIT_FSIZE of this process: files are cut at ``limit`` bytes, then writes fail (EFBIG)."""
+    """RLIMIT_FSIZE of this process and its children (the trial writer's process writes the
+    files): files are cut at ``limit`` bytes, then writes fail (EFBIG)."""
 
     kind = "rlimit"
 
@@ -94,10 +95,24 @@ class FsizeDisk:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills the process
 
     def fill(self) -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (self.limit, self.hard))
+        for pid in (0, *child_pids()):
+            resource.prlimit(pid, resource.RLIMIT_FSIZE, (self.limit, self.hard))
 
     def free(self) -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (self.hard, self.hard))
+        for pid in (0, *child_pids()):
+            resource.prlimit(pid, resource.RLIMIT_FSIZE, (self.hard, self.hard))
+
+
+def child_pids() -> list[int]:
+    """The processes this one started that still run (from /proc/self/task/*/children)."""
+    pids = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids += [int(p) for p in f.read().split()]
+        except (OSError, ValueError):
+            continue
+    return pids
 
 
 @dataclass

@@ -9,7 +9,8 @@ one and name ``fc2_output_0`` as the first tensor that was not finite.
 ``python -m tests.flight_training OUT_DIR SPEC_JSON`` runs ``train`` in a child process (the
 exception and full-disk tests), with ``fault`` in the spec: ``"raise"`` raises RuntimeError at
 ``poison_step`` (not caught: the interpreter's excepthook runs), ``"disk_full"`` lowers
-RLIMIT_FSIZE at ``poison_step`` so that the dump cannot be written.
+RLIMIT_FSIZE at ``poison_step`` (of the trial writer's process too) so that the dump cannot be
+written.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 from torch import nn
 
 import mltrace.pytorch as smd
+from tests.fault_training import child_pids
 
 POISONED = "fc2_output_0"
 ACTIVATIONS = r"^(fc\d|relu\d)_output_0$"
@@ -93,10 +95,11 @@ def train(out_dir: str, steps: int, poison_step: int | None, recorder: Any = Tru
             if fault == "raise":
                 model(x)
                 raise RuntimeError(f"injected failure at step {step}")
-            if fault == "disk_full":
+            if fault == "disk_full":  # for this process and its trial writer's process
                 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
                 hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
-                resource.setrlimit(resource.RLIMIT_FSIZE, (2048, hard))
+                for pid in (0, *child_pids()):
+                    resource.prlimit(pid, resource.RLIMIT_FSIZE, (2048, hard))
         model.fc2.fault = step == poison_step and fault != "raise"
         opt.zero_grad()
         loss = loss_fn(model(x), y)

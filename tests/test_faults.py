@@ -225,7 +225,8 @@ def test_full_disk_with_strict_raises_in_training_or_at_close(disk, tmp_path):
     kind, message, location = outcome.raised
     assert kind == "TrialWriteError" and location.endswith(FIRST_LOST), outcome.raised
     assert any(c in message for c in DISK_FULL_CAUSES), message
-    # From the next step boundary after the background write failed (a step or two later).
+    # From the next step boundary after the background write failed (a step or two later: a
+    # strict hook hands each step to the writer process at once, not in batches).
     assert outcome.raised_at is not None and BEFORE < outcome.raised_at < BEFORE + DURING
     steps = _check_trial(str(disk.root / "run"), outcome)
     assert steps[:BEFORE - 1] == list(range(BEFORE - 1))

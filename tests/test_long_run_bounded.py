@@ -9,12 +9,14 @@ import os
 import queue
 from collections import deque
 
+import pytest
 import torch
 from torch import nn
 
 import mltrace.pytorch as smd
+from mltrace import writer_process
 from mltrace.format import paths
-from mltrace.storage import local
+from mltrace.storage import atomic_files
 
 STEPS = 2000
 EARLY = 500
@@ -36,7 +38,9 @@ def _container_sizes(hook: smd.Hook) -> dict[str, int]:
     return sizes
 
 
-def test_long_run_keeps_per_step_state_bounded_and_writes_every_file(tmp_path):
+@pytest.mark.parametrize("writer", ["process", "thread"])
+def test_long_run_keeps_per_step_state_bounded_and_writes_every_file(tmp_path, monkeypatch, writer):
+    monkeypatch.setenv(writer_process.WRITER_ENV, writer)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
     loss_fn = nn.MSELoss()
@@ -60,7 +64,8 @@ def test_long_run_keeps_per_step_state_bounded_and_writes_every_file(tmp_path):
     grown = {k: (early.get(k, 0), v) for k, v in late.items() if v > max(early.get(k, 0), SLACK)}
     assert not grown, f"containers growing with the steps (size at step {EARLY}, {STEPS}): {grown}"
     # The candidates bench/long_run.py looks at, named, so that a failure says which one.
-    assert len(hook.storage._made_dirs) <= local._MADE_DIRS_KEPT
+    assert (hook.writer._process is not None) == (writer == "process")
+    assert len(hook.storage.files.made_dirs) <= atomic_files.MADE_DIRS_KEPT
     assert len(hook.outputs.written) <= 9  # 2 weights, 2 biases, 4 gradients, 1 loss
     assert hook.plan.memo_size <= 16
     assert hook.nan_watch.held == [] and len(hook.outputs.pending_scalars) <= 1

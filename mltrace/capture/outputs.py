@@ -74,7 +74,7 @@ class Outputs:
     def open(self, worker: str, chief: bool) -> None:
         """Start writing as ``worker`` (the chief also owns the shared TensorBoard files)."""
         self.guard.claim()
-        self.writer = TrialWriter(self.storage, worker)
+        self.writer = TrialWriter(self.storage, worker, batch_steps=not self.strict)
         if self.tensorboard_dir:
             self.tensorboard = TensorBoardWriter(self.tensorboard_dir, None if chief else worker)
         self.write_collections()

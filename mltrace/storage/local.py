@@ -1,26 +1,15 @@
-"""Local directory storage: atomic writes by temp file + rename in the same directory."""
+"""Local directory storage: atomic writes by temp file + rename in the same directory
+(mltrace.storage.atomic_files)."""
 
 from __future__ import annotations
 
 import builtins
 import os
-import threading
 from collections.abc import Sequence
 
 from mltrace.exceptions import MltraceValueError
+from mltrace.storage.atomic_files import AtomicFiles
 from mltrace.storage.base import Storage
-
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_PID = os.getpid()  # in temp file names; asked once, not per file
-
-
-def _refresh_pid() -> None:
-    global _PID
-    _PID = os.getpid()
-
-
-if hasattr(os, "register_at_fork"):  # a forked child writes temp files under its own pid
-    os.register_at_fork(after_in_child=_refresh_pid)
 
 
 class LocalStorage(Storage):
@@ -33,10 +22,7 @@ class LocalStorage(Storage):
     def __init__(self, root: str) -> None:
         self.uri = root
         self.root = os.path.abspath(os.path.expanduser(root))
-        # Folders known to exist. Bounded (forgotten all at once when full, which costs one more
-        # makedirs per folder): every step has a folder of its own (events/<step>/), so
-        # remembering them all would grow memory by one path per step.
-        self._made_dirs: set[str] = set()
+        self.files = AtomicFiles()
 
     def _path(self, key: str) -> str:
         parts = key.split("/")
@@ -48,34 +34,7 @@ class LocalStorage(Storage):
         return self._path(key)
 
     def write(self, key: str, data: bytes) -> None:
-        path = self._path(key)
-        folder = os.path.dirname(path)
-        if folder not in self._made_dirs:
-            os.makedirs(folder, exist_ok=True)
-            if len(self._made_dirs) >= _MADE_DIRS_KEPT:
-                self._made_dirs.clear()
-            self._made_dirs.add(folder)
-        # The temp file sits beside the target so that rename is atomic; readers skip dot files
-        # and *.tmp. Its name is unique per process and thread (one writer per file at a time).
-        tmp = os.path.join(folder, f".{os.path.basename(path)}.{_PID}.{threading.get_ident()}.tmp")
-        try:
-            # os.open/os.write, not open(): three syscalls fewer a file (no fstat, ioctl, lseek
-            # of a buffered file object). Each syscall lets go of the interpreter's lock, which
-            # the writer's thread must then win back from the training thread.
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o666)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        self.files.write(self._path(key), data)
 
     def read(self, key: str, start: int = 0, length: int | None = None) -> bytes:
         with open(self._path(key), "rb") as f:
@@ -133,13 +92,7 @@ class LocalStorage(Storage):
         return os.path.exists(self._path(key))
 
     def delete(self, key: str) -> None:
-        try:
-            os.remove(self._path(key))
-        except FileNotFoundError:
-            pass
-
-
-_MADE_DIRS_KEPT = 64
+        self.files.delete(self._path(key))
 
 
 def _all_before(folder: str, start_after: str) -> bool:

@@ -1,0 +1,221 @@
+"""The trial writer's process (mltrace.writer_process): a local trial's files are written by a
+child process fed through a pipe. It writes the same files as the thread, in the same order and
+groups; failures come back to the writer's failure log; a child that cannot start or dies hands
+its work to the thread; a child whose training process is killed still writes what it got."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mltrace import writer_process
+from mltrace.collections import CollectionManager
+from mltrace.format import paths
+from mltrace.modes import ModeKeys
+from mltrace.storage import atomic_files
+from mltrace.storage.local import LocalStorage
+from mltrace.trials import create_trial
+from mltrace.writer import TrialWriter
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _write_steps(writer: TrialWriter, steps: range, size: int = 3) -> None:
+    for step in steps:
+        writer.open_step(step, ModeKeys.TRAIN, step)
+        writer.add_tensor("x", np.full(size, float(step)), ModeKeys.TRAIN, step, wall_time=1.0)
+        writer.close_step()
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_the_process_writes_the_files_the_thread_writes(tmp_path, monkeypatch):
+    trials = {}
+    for kind in ("process", "thread"):
+        monkeypatch.setenv(writer_process.WRITER_ENV, kind)
+        writer = TrialWriter(LocalStorage(str(tmp_path / kind)), "worker_0")
+        assert (writer._process is not None) == (kind == "process")  # noqa: SLF001
+        writer.write_collections(CollectionManager().to_json())
+        _write_steps(writer, range(30))
+        writer.write_end_marker()
+        writer.close()
+        assert writer.failures.messages == []
+        trials[kind] = _files(tmp_path / kind)
+    assert trials["process"] == trials["thread"] and len(trials["process"]) == 63
+    assert create_trial(str(tmp_path / "process")).steps() == list(range(30))
+
+
+def test_files_reach_the_disk_without_a_flush_when_training_stops_saving(tmp_path):
+    writer = TrialWriter(LocalStorage(str(tmp_path / "run")), "worker_0")
+    _write_steps(writer, range(3))  # fewer than a batch: the reports thread sends them
+    index = tmp_path / "run" / paths.index_file_key(2, "worker_0")
+    deadline = time.monotonic() + 10
+    while not index.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert index.exists()
+    writer.close()
+
+
+def test_a_file_the_child_cannot_write_is_reported_and_its_step_has_no_index(tmp_path, caplog):
+    root = tmp_path / "run"
+    root.mkdir()
+    (root / "events").write_bytes(b"not a folder")  # every events file fails (ENOTDIR)
+    writer = TrialWriter(LocalStorage(str(root)), "worker_0")
+    assert writer._process is not None  # noqa: SLF001
+    writer.write_collections(CollectionManager().to_json())
+    _write_steps(writer, range(4))
+    writer.flush()
+    assert writer.failures.count == 4  # each step's events file; no index file was tried
+    first = writer.failures.messages[0]
+    assert paths.event_file_key(0, "worker_0") in first and "Not a directory" in first, first
+    writer.close()
+    assert not (root / "index").exists()  # no index names an events file that is not there
+    assert (root / paths.collections_file_key("worker_0")).exists()
+    assert "4 files of" in caplog.text  # close sums them up: each step's events file
+
+
+def test_strict_writers_get_the_childs_failure_as_their_own(tmp_path):
+    root = tmp_path / "run"
+    root.mkdir()
+    (root / "events").write_bytes(b"")
+    writer = TrialWriter(LocalStorage(str(root)), "worker_0")
+    _write_steps(writer, range(1))
+    writer.flush()
+    failure = writer.failures.take()
+    assert failure is not None and isinstance(failure.cause, NotADirectoryError)
+    assert failure.location.endswith(paths.event_file_key(0, "worker_0"))
+    writer.close()
+
+
+def test_a_child_that_never_starts_hands_every_file_to_the_thread(tmp_path, monkeypatch):
+    broken = tmp_path / "broken_child.py"
+    broken.write_text("import sys\nsys.exit(3)\n")
+    monkeypatch.setattr(writer_process, "CHILD_PROGRAM", str(broken))
+    writer = TrialWriter(LocalStorage(str(tmp_path / "run")), "worker_0")
+    assert writer._process is not None  # noqa: SLF001 - started; it exits before it is ready
+    writer.write_collections(CollectionManager().to_json())
+    _write_steps(writer, range(12))
+    writer.write_end_marker()
+    writer.close()
+    assert writer._process is None and writer.failures.messages == []  # noqa: SLF001
+    trial = create_trial(str(tmp_path / "run"))
+    assert trial.steps() == list(range(12)) and trial.loaded_all_steps
+
+
+def test_a_child_killed_mid_run_is_a_recorded_failure_and_the_thread_goes_on(tmp_path):
+    writer = TrialWriter(LocalStorage(str(tmp_path / "run")), "worker_0")
+    writer.write_collections(CollectionManager().to_json())
+    _write_steps(writer, range(5))
+    writer.flush()
+    process = writer._process  # noqa: SLF001
+    assert process is not None
+    os.kill(process.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while not process.gone and time.monotonic() < deadline:
+        time.sleep(0.01)
+    _write_steps(writer, range(5, 10))
+    writer.write_end_marker()
+    writer.close()
+    assert writer._process is None  # noqa: SLF001
+    (message,) = writer.failures.messages
+    assert f"writer process {process.pid} exited with status -9" in message
+    trial = create_trial(str(tmp_path / "run"))
+    assert trial.steps() == list(range(10))  # nothing was held when it died: nothing lost
+
+
+def test_the_child_writes_what_it_got_after_the_training_process_is_killed(tmp_path):
+    """Large steps go to the child at once (a batch is full); the parent then dies by SIGKILL
+    with the child still writing: every step it got is written whole."""
+    root = tmp_path / "run"
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        import numpy as np
+        from mltrace.modes import ModeKeys
+        from mltrace.storage.local import LocalStorage
+        from mltrace.writer import TrialWriter
+        from mltrace.collections import CollectionManager
+        writer = TrialWriter(LocalStorage({str(root)!r}), "worker_0")
+        writer.write_collections(CollectionManager().to_json())
+        print(writer._process.pid, flush=True)
+        for step in range(12):
+            writer.open_step(step, ModeKeys.TRAIN, step)
+            writer.add_tensor("x", np.full(1 << 20, float(step)), ModeKeys.TRAIN, step)
+            writer.close_step()
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    child = int(done.stdout.split()[0])
+    deadline = time.monotonic() + 60
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child)
+    trial = create_trial(str(root))
+    assert trial.steps() == list(range(12))
+    assert all(trial.tensor("x").value(s)[-1] == s for s in range(12))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_forked_copy_of_the_writer_leaves_the_parents_child_alone(tmp_path):
+    writer = TrialWriter(LocalStorage(str(tmp_path / "run")), "worker_0")
+    writer.write_collections(CollectionManager().to_json())
+    _write_steps(writer, range(3))
+    writer.flush()
+    pid = os.fork()
+    if pid == 0:  # the copy: its writer's process is the parent's; it closes nothing of it
+        try:
+            code = 0 if writer._process is not None and writer._process.gone else 1  # noqa: SLF001
+            writer._process.close()  # noqa: SLF001
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    _write_steps(writer, range(3, 6))
+    writer.close()
+    assert writer.failures.messages == []
+    assert create_trial(str(tmp_path / "run")).steps() == list(range(6))
+
+
+def test_an_unknown_writer_choice_is_named_and_the_process_is_used(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv(writer_process.WRITER_ENV, "threads")
+    writer = TrialWriter(LocalStorage(str(tmp_path / "run")), "worker_0")
+    assert writer._process is not None  # noqa: SLF001
+    writer.close()
+    assert "MLTRACE_WRITER='threads' is not a writer: use 'process' or 'thread'" in caplog.text
+
+
+def test_storages_that_write_their_own_way_keep_the_thread(tmp_path):
+    class Counting(LocalStorage):
+        def write(self, key: str, data: bytes) -> None:
+            super().write(key, data)
+
+    writer = TrialWriter(Counting(str(tmp_path / "run")), "worker_0")
+    assert writer._process is None  # noqa: SLF001
+    writer.close()
+
+
+@pytest.mark.parametrize("folders", [10, 3 * atomic_files.MADE_DIRS_KEPT])
+def test_atomic_files_remember_a_bounded_number_of_folders(tmp_path, folders):
+    files = atomic_files.AtomicFiles()
+    for i in range(folders):
+        files.write(str(tmp_path / f"{i:04d}" / "f"), b"x")
+        assert len(files.made_dirs) <= atomic_files.MADE_DIRS_KEPT
+    assert sorted(os.listdir(tmp_path)) == [f"{i:04d}" for i in range(folders)]
