@@ -109,6 +109,7 @@ class TrialWriter:
         self._process = None if remote else WriterProcess.start(
             storage, max_pending_bytes, functools.partial(_failed_in_process, self.failures, storage.uri))
         self._lister: threading.Thread | None = None
+        self._sent_any = False
         if self._process is not None:
             self._list_earlier_run()
 
@@ -201,6 +202,17 @@ class TrialWriter:
         if self._lister is not None:
             self._lister.join()
             self._lister = None
+        if self._process.gone:
+            self._take_over()
+            self._submit(files, soon)
+            return
+        if not self._sent_any and not self._process.started:
+            # Until the child is ready (tens of ms), files are written here: the trial's first
+            # file, its collections file, makes it a trial for readers, and the first steps must
+            # not wait in a pipe for a process that may be slow to start (or never start).
+            self._write_group(files)
+            return
+        self._sent_any = True
         try:
             self._process.send(self._replacing_earlier(files), soon)
         except WriterProcessGone:

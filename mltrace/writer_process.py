@@ -8,13 +8,14 @@ training thread; on the benchmark MLP saving every step, that cost training abou
 twice the syscalls' own time. Here the training thread hands a step over with one ``writev`` into
 a pipe, and a process of its own (mltrace/writer_child.py, standard library only) writes the
 files, in order, each atomically. Failures come back over a second pipe and are recorded in the
-trial writer's failure log by a thread that sleeps in ``read`` otherwise.
+trial writer's failure log by a thread that sleeps in ``select`` otherwise.
 
 Used for local trials (LocalStorage itself, not subclasses that change how files are written) on
-POSIX; ``MLTRACE_WRITER=thread`` keeps the thread. If the child cannot start, the files sent
-before it said it was ready are handed back to the thread and nothing is lost; if it dies later
-(killed), the writer records the failure and goes on with its thread. If the training process is
-killed, the child still writes every file it received whole, then exits.
+POSIX; ``MLTRACE_WRITER=thread`` keeps the thread. The trial writer (mltrace.writer) writes the
+files itself until the child says it is ready, so nothing waits on a child that is slow to start
+or never starts (then the thread takes over). A child that dies later (killed) is a recorded
+failure, and the thread goes on with the files it never got. If the training process is killed,
+the child still writes every file it received whole, then exits.
 """
 
 from __future__ import annotations
@@ -61,37 +62,33 @@ class _Channel:
     said. Shared by the training thread (``add``) and the reports thread (``serve``), which must
     not hold the WriterProcess (an unclosed writer would then never be collected).
 
-    Files are sent in batches: waking the child costs the sending thread tens of microseconds
-    on a VM, more than a small step's files take to encode. A batch goes when it holds
-    BATCH_BYTES or BATCH_GROUPS groups, when its oldest file waited BATCH_SECONDS (checked at
-    each ``add`` and, for a training that stopped saving, by the reports thread), and at every
-    flush and close. So a file reaches the disk (or a failure the log) a few steps later than
-    it would from a thread, and at most BATCH_SECONDS later.
+    Files that come quickly one after the other are sent in batches: waking the child costs the
+    sending thread tens of microseconds on a VM, more than a small step's files take to encode.
+    A group goes at once when nothing was sent for BATCH_SECONDS (a training that saves every
+    100th step never waits); otherwise it joins the batch, which goes when it holds BATCH_BYTES
+    or BATCH_GROUPS groups, when its oldest file waited BATCH_SECONDS (checked at each ``add``
+    and, for a training that stopped saving, by the reports thread), and at every flush and
+    close. So a file reaches the disk (or a failure the log) at most BATCH_SECONDS later than
+    it would from a thread.
     """
 
     def __init__(self, fd: int, on_failure: Callable[[str, BaseException], None]) -> None:
         self.fd = fd
         os.set_blocking(fd, False)  # a full pipe answers EAGAIN: see send
         self.on_failure = on_failure
-        self.changed = threading.Condition()  # guards ready, ended, flushed, unconfirmed
+        self.changed = threading.Condition()  # guards ready, ended, flushed
         self.ready = False
         self.ended = False
         self.flushed = 0
-        #: groups of files added before the child said it was ready (None once it did): if it
-        #: never does, nothing of them was written and they go to the thread instead.
-        self.unconfirmed: list[Files] | None = []
         self.sending = threading.Lock()  # guards the batch, and keeps the pipe's order
         self.parts: list[bytes | memoryview] = []
         self.groups: list[Files] = []
         self.size = 0
-        self.since = 0.0
+        self.since = 0.0  # when the batch's first group came
+        self.last_sent = 0.0  # when the last batch went
 
     def add(self, files: Files, parts: list[bytes | memoryview], size: int, soon: bool) -> None:
         now = time.monotonic()
-        if self.unconfirmed is not None:
-            with self.changed:
-                if self.unconfirmed is not None:
-                    self.unconfirmed.append(files)
         with self.sending:
             if not self.groups:
                 self.since = now
@@ -100,8 +97,8 @@ class _Channel:
             self.size += size
             if self.ended:
                 raise WriterProcessGone
-            if (soon or self.size >= BATCH_BYTES or len(self.groups) >= BATCH_GROUPS
-                    or now - self.since >= BATCH_SECONDS):
+            if (soon or now - self.last_sent >= BATCH_SECONDS or self.size >= BATCH_BYTES
+                    or len(self.groups) >= BATCH_GROUPS or now - self.since >= BATCH_SECONDS):
                 self.send(block=True)
 
     def send(self, block: bool) -> bool:
@@ -136,6 +133,7 @@ class _Channel:
                 self.changed.notify_all()
             raise WriterProcessGone from exc
         self.parts, self.groups, self.size = [], [], 0
+        self.last_sent = time.monotonic()
         return True
 
     def send_if_waiting(self) -> None:
@@ -150,10 +148,10 @@ class _Channel:
             self.sending.release()
 
     def take_unsent(self) -> list[Files]:
-        """Once the child is gone: the groups it never got (all of them if it never started)."""
-        with self.sending, self.changed:
-            taken = self.unconfirmed if self.unconfirmed is not None else self.groups
-            self.unconfirmed, self.parts, self.groups, self.size = None, [], [], 0
+        """Once the child is gone: the groups it never got."""
+        with self.sending:
+            taken = self.groups
+            self.parts, self.groups, self.size = [], [], 0
             return taken
 
     def serve(self, fd: int) -> None:
@@ -177,7 +175,7 @@ class _Channel:
                     continue
                 with self.changed:
                     if kind == protocol.R_READY:
-                        self.ready, self.unconfirmed = True, None
+                        self.ready = True
                     elif kind == protocol.R_FLUSHED:
                         self.flushed = int(payload)
                     self.changed.notify_all()
@@ -295,8 +293,7 @@ class WriterProcess:
             channel.changed.wait_for(lambda: channel.flushed >= self._tokens or channel.ended)
 
     def take_unsent(self) -> list[Files]:
-        """Once the child is gone: the groups it never got, to be written another way (every
-        group sent if it died before it started)."""
+        """Once the child is gone: the groups it never got, to be written another way."""
         return self._channel.take_unsent()
 
     @property
@@ -332,7 +329,7 @@ class WriterProcess:
         """In a forked child: the pipes and the batch belong to the parent's writer (which sends
         the batch); close our copies."""
         self._channel.ended = True
-        self._channel.parts, self._channel.groups, self._channel.unconfirmed = [], [], None
+        self._channel.parts, self._channel.groups = [], []
         self._finalizer.detach()
         for stream in (self._proc.stdin, self._proc.stdout):
             _close_quietly(stream)

@@ -97,17 +97,21 @@ def test_strict_writers_get_the_childs_failure_as_their_own(tmp_path):
     writer.close()
 
 
-def test_a_child_that_never_starts_hands_every_file_to_the_thread(tmp_path, monkeypatch):
+def test_a_child_that_never_starts_leaves_every_file_to_the_thread(tmp_path, monkeypatch):
     broken = tmp_path / "broken_child.py"
     broken.write_text("import sys\nsys.exit(3)\n")
     monkeypatch.setattr(writer_process, "CHILD_PROGRAM", str(broken))
     writer = TrialWriter(LocalStorage(str(tmp_path / "run")), "worker_0")
     assert writer._process is not None  # noqa: SLF001 - started; it exits before it is ready
-    writer.write_collections(CollectionManager().to_json())
+    writer.write_collections(CollectionManager().to_json())  # written here while it starts
+    deadline = time.monotonic() + 10
+    while not writer._process.gone and time.monotonic() < deadline:  # noqa: SLF001
+        time.sleep(0.01)
     _write_steps(writer, range(12))
+    assert writer._process is None and writer._thread is not None  # noqa: SLF001 - the thread took over
     writer.write_end_marker()
     writer.close()
-    assert writer._process is None and writer.failures.messages == []  # noqa: SLF001
+    assert writer.failures.messages == []
     trial = create_trial(str(tmp_path / "run"))
     assert trial.steps() == list(range(12)) and trial.loaded_all_steps
 
