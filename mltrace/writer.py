@@ -335,8 +335,10 @@ class TrialWriter:
     def _replacing_earlier(self, files: FileGroup) -> FileGroup:
         """``files``, led by the removal (None) of the earlier run's index file when they are an
         events file and an index file that replace a step of that run."""
-        parsed = paths.parse_index_key(files[-1][0]) if len(files) > 1 else None
-        if parsed is None or not self._earlier_steps or parsed[0] not in self._earlier_steps:
+        if not self._earlier_steps or len(files) < 2:  # most runs: no earlier run to replace
+            return files
+        parsed = paths.parse_index_key(files[-1][0])
+        if parsed is None or parsed[0] not in self._earlier_steps:
             return files
         self._earlier_steps.discard(parsed[0])
         return [(files[-1][0], None), *files]

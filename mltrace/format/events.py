@@ -33,11 +33,22 @@ def _plugin_data(name: str, content: str) -> bytes:
     return w.len_field(1, w.len_field(1, name.encode()) + w.len_field(2, content.encode()))
 
 
-@functools.lru_cache(maxsize=256)
 def _metadata_field(mode: ModeKeys, mode_step: int) -> bytes:
-    """Value.metadata: smdebug's two plugin_data entries, mode_step then mode."""
-    return w.len_field(9, _plugin_data(MODE_STEP_PLUGIN_NAME, str(mode_step))
-                       + _plugin_data(MODE_PLUGIN_NAME, str(mode.value)))
+    """Value.metadata: smdebug's two plugin_data entries, mode_step then mode. The mode step
+    changes every step, so only its decimal digits are encoded per call; the rest is cached."""
+    digits = b"%d" % mode_step
+    step_data = w.len_field(1, _MODE_STEP_NAME_FIELD + w.len_field(2, digits))
+    inner = step_data + _mode_plugin_data(mode)
+    return _METADATA_KEY + w.varint(len(inner)) + inner
+
+
+@functools.lru_cache(maxsize=8)
+def _mode_plugin_data(mode: ModeKeys) -> bytes:
+    return _plugin_data(MODE_PLUGIN_NAME, str(mode.value))
+
+
+_MODE_STEP_NAME_FIELD = w.len_field(1, MODE_STEP_PLUGIN_NAME.encode())
+_METADATA_KEY = w.key(9, w.LEN)
 
 
 @functools.lru_cache(maxsize=4096)

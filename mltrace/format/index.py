@@ -16,6 +16,7 @@ The global step comes from the file name, mode and mode step from ``meta``.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 
@@ -55,21 +56,30 @@ class StepIndex:
 
 
 def encode_index(index: StepIndex) -> bytes:
-    """Serialize ``index`` as smdebug's index JSON (plus the crc32c field of each entry)."""
-    meta: dict[str, object] = {"mode": index.mode.name, "mode_step": index.mode_step}
+    """Serialize ``index`` as smdebug's index JSON (plus the crc32c field of each entry): the
+    bytes ``json.dumps`` gives for the dict, built from each name's cached JSON (a step's index is
+    encoded on the training thread, and the same names recur every step)."""
+    meta = f'{{"mode": "{index.mode.name}", "mode_step": {index.mode_step}'
     if index.event_file_name is not None:
-        meta["event_file_name"] = index.event_file_name
-    tensors = []
+        meta += f', "event_file_name": {json.dumps(index.event_file_name)}'
+    entries = []
     for e in index.tensors:
-        entry: dict[str, object] = {"tensorname": e.tensorname, "start_idx": e.start_idx, "length": e.length}
-        if e.crc32c is not None:
-            entry["crc32c"] = e.crc32c
-        tensors.append(entry)
-    shapes = [
+        head = _entry_head(e.tensorname)
+        if e.crc32c is None:
+            entries.append(f'{head}{e.start_idx}, "length": {e.length}}}')
+        else:
+            entries.append(f'{head}{e.start_idx}, "length": {e.length}, "crc32c": {e.crc32c}}}')
+    shapes = json.dumps([
         {"tensorname": s.tensorname, "originalname": s.originalname or s.tensorname, "shape": list(s.shape)}
         for s in index.shapes
-    ]
-    return json.dumps({"meta": meta, "tensor_payload": tensors, "shape_payload": shapes}).encode()
+    ]) if index.shapes else "[]"
+    return (f'{{"meta": {meta}}}, "tensor_payload": [{", ".join(entries)}], '
+            f'"shape_payload": {shapes}}}').encode()
+
+
+@functools.lru_cache(maxsize=4096)
+def _entry_head(name: str) -> str:
+    return f'{{"tensorname": {json.dumps(name)}, "start_idx": '
 
 
 def _count(value: object, what: str, minimum: int = 0) -> int:

@@ -175,3 +175,26 @@ def test_wrongly_shaped_index_names_the_file(doc):
     with pytest.raises(IndexReaderException) as info:
         decode_index(json.dumps(doc).encode(), WHERE)
     assert WHERE in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["fc1.weight", 'odd "quoted" \\ name', "größe/ß", "tab\tand\nnewline",
+                                  "emoji_\U0001f600", "ctrl\x01"])
+def test_encode_index_equals_json_dumps_of_the_dict_for_any_name(name):
+    # encode_index builds the JSON from each name's cached encoding; json.dumps of the dict (as
+    # smdebug's writer builds it) is the reference, for names json must escape.
+    index = make_index(tensors=[IndexEntry(name, 0, 120, 7), IndexEntry(name + "2", 120, 99)],
+                       shapes=[ShapeEntry(name, (3, 0), name)], mode=ModeKeys.EVAL, mode_step=2**40)
+    reference = {
+        "meta": {"mode": "EVAL", "mode_step": 2**40, "event_file_name": EVENTS},
+        "tensor_payload": [{"tensorname": name, "start_idx": 0, "length": 120, "crc32c": 7},
+                           {"tensorname": name + "2", "start_idx": 120, "length": 99}],
+        "shape_payload": [{"tensorname": name, "originalname": name, "shape": [3, 0]}],
+    }
+    assert encode_index(index) == json.dumps(reference).encode()
+    assert decode_index(encode_index(index), WHERE) == index
+
+
+def test_encode_index_of_an_index_without_tensors_or_shapes():
+    index = make_index(tensors=[], shapes=[], event_file_name=None)
+    assert encode_index(index) == json.dumps(
+        {"meta": {"mode": "TRAIN", "mode_step": 10}, "tensor_payload": [], "shape_payload": []}).encode()
