@@ -13,6 +13,7 @@ A record therefore takes ``len(payload) + 16`` bytes, the ``length`` stored in i
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Iterator, Sequence
 
@@ -28,8 +29,10 @@ _U32 = struct.Struct("<I")
 MAGIC_FOOTER = _U32.pack(MAGIC_DATA_CRC)
 
 
+@functools.lru_cache(maxsize=4096)
 def record_header(payload_length: int) -> bytes:
-    """The 12 bytes before a payload of ``payload_length`` bytes: its length and length CRC."""
+    """The 12 bytes before a payload of ``payload_length`` bytes: its length and length CRC
+    (cached: a tensor's records have the same length every step)."""
     length = _U64.pack(payload_length)
     return length + _U32.pack(masked_crc32c(length))
 
