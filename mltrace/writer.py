@@ -226,7 +226,7 @@ class TrialWriter:
         process, self._process = self._process, None
         started = process.started
         unsent = process.take_unsent()
-        status = process.close()
+        status = process.close(wait=True)
         if not started:
             logger.debug("the writer process of %s did not start; writing with a thread", self.storage.uri)
         elif status is not None:  # None: a forked copy of the process that owns the child
@@ -421,12 +421,9 @@ class TrialWriter:
         self.close_step()
         if self._process is not None:
             self.flush()  # the thread takes over if the process is gone
-        if self._process is not None:
-            process, self._process = self._process, None
-            status = process.close()
-            if status:
-                self._record_failure(f"{self.storage.uri} (the files its writer process had not written yet)",
-                                     RuntimeError(f"the writer process {process.pid} exited with status {status}"))
+        if self._process is not None:  # flushed: everything is written, the child may go
+            self._process.close()
+            self._process = None
         if self._thread is not None and self._thread.is_alive():
             deadline = time.monotonic() + self.close_timeout
             if self.spill is None:

@@ -154,9 +154,11 @@ class _Channel:
             self.parts, self.groups, self.size = [], [], 0
             return taken
 
-    def serve(self, fd: int) -> None:
+    def serve(self, proc: subprocess.Popen[bytes]) -> None:
         """The reports thread: reads the child's reports until its end of the pipe closes, and
-        sends a batch that waited too long."""
+        sends a batch that waited too long; then reaps the child."""
+        assert proc.stdout is not None
+        fd = proc.stdout.fileno()
         try:
             while True:
                 readable, _, _ = select.select([fd], [], [], BATCH_SECONDS)
@@ -187,6 +189,8 @@ class _Channel:
             with self.changed:
                 self.ended = True
                 self.changed.notify_all()
+            proc.wait()
+            proc.stdout.close()
 
 
 def _read_exactly(fd: int, size: int) -> bytes | None:
@@ -220,7 +224,7 @@ class WriterProcess:
         self._owner = os.getpid()
         self._tokens = 0
         self._channel = _Channel(self._fd, on_failure)
-        self._reader = threading.Thread(target=self._channel.serve, args=(self._proc.stdout.fileno(),),
+        self._reader = threading.Thread(target=self._channel.serve, args=(self._proc,),
                                         name="mltrace-writer-reports", daemon=True)
         self._reader.start()
         # An unclosed writer (a script that never closes its hook) still lets its child finish.
@@ -301,9 +305,11 @@ class WriterProcess:
         """The child said it was ready (then a death loses what it held, not yet written)."""
         return self._channel.ready
 
-    def close(self, discard: bool = False) -> int | None:
+    def close(self, discard: bool = False, wait: bool = False) -> int | None:
         """Let the child write what it holds (``discard``: drop what it has not started) and
-        exit; returns its exit status (None from a forked copy of the parent)."""
+        exit. With ``wait``, wait for that and return its exit status; without, return at once
+        (the reports thread reaps the child): after a ``flush``, everything is written already.
+        None from a forked copy of the parent."""
         _LIVE.discard(self)
         if os.getpid() != self._owner:
             return None
@@ -319,10 +325,10 @@ class WriterProcess:
                 except WriterProcessGone:
                     pass
         self._finalizer()
+        if not wait:
+            return None
         status = self._proc.wait()
         self._reader.join()
-        if self._proc.stdout is not None:
-            self._proc.stdout.close()
         return status
 
     def forget_after_fork(self) -> None:
