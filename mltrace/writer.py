@@ -1,8 +1,11 @@
 """Tensors -> one worker's files of a trial: per-step events + index, collections, end marker.
 
 Records of a step are encoded on the training thread (cheap: bytes are built in memory) and the
-finished files are handed to one background thread that writes them in order: the events file
-before its index file, so that a reader that finds an index file always finds its events file.
+finished files are handed to one writer that writes them in order: the events file before its
+index file, so that a reader that finds an index file always finds its events file. For a local
+trial that writer is a child process fed through a pipe (mltrace.writer_process: its syscalls
+then never take the interpreter's lock from training); for S3, or if the child is not there, a
+background thread of this process.
 
 Remote stores (S3) can be down. Then files go to a local spill folder (mltrace.spill) instead of
 waiting: when the bounded queue is full or the store refuses a file, that file and every later
