@@ -95,23 +95,35 @@ class FsizeDisk:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills the process
 
     def fill(self) -> None:
-        for pid in (0, *child_pids()):
-            resource.prlimit(pid, resource.RLIMIT_FSIZE, (self.limit, self.hard))
+        limit_file_size(self.limit, self.hard)
 
     def free(self) -> None:
-        for pid in (0, *child_pids()):
-            resource.prlimit(pid, resource.RLIMIT_FSIZE, (self.hard, self.hard))
+        limit_file_size(self.hard, self.hard)
+
+
+def limit_file_size(soft: int, hard: int) -> None:
+    """RLIMIT_FSIZE of this process and of the processes it started (its trial writer's)."""
+    for pid in (0, *child_pids()):
+        try:
+            resource.prlimit(pid, resource.RLIMIT_FSIZE, (soft, hard))
+        except ProcessLookupError:  # exited since it was listed
+            continue
 
 
 def child_pids() -> list[int]:
-    """The processes this one started that still run (from /proc/self/task/*/children)."""
-    pids = []
-    for task in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{task}/children") as f:
-                pids += [int(p) for p in f.read().split()]
-        except (OSError, ValueError):
+    """The processes this one started that still run: /proc/<pid>/stat's parent field (the
+    kernel's per-task ``children`` lists need CONFIG_PROC_CHILDREN)."""
+    me, pids = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
             continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == me:
+            pids.append(int(entry))
     return pids
 
 

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 import mltrace.pytorch as smd
-from tests.fault_training import child_pids
+from tests.fault_training import limit_file_size
 
 POISONED = "fc2_output_0"
 ACTIVATIONS = r"^(fc\d|relu\d)_output_0$"
@@ -97,9 +97,7 @@ def train(out_dir: str, steps: int, poison_step: int | None, recorder: Any = Tru
                 raise RuntimeError(f"injected failure at step {step}")
             if fault == "disk_full":  # for this process and its trial writer's process
                 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-                hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
-                for pid in (0, *child_pids()):
-                    resource.prlimit(pid, resource.RLIMIT_FSIZE, (2048, hard))
+                limit_file_size(2048, resource.getrlimit(resource.RLIMIT_FSIZE)[1])
         model.fc2.fault = step == poison_step and fault != "raise"
         opt.zero_grad()
         loss = loss_fn(model(x), y)
