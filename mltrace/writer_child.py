@@ -18,10 +18,12 @@ reads; R_FAILED with ``failure_payload``; R_FLUSHED with the token.
 A reading thread moves frames from the pipe into a queue bounded in bytes, so the training
 process hands a large step over as fast as the pipe takes it, and waits only when the child
 holds MAX_PENDING_BYTES not yet written (a slow disk slows saving; memory stays bounded). End of
-input (the parent closed the pipe, or died) means: write what came whole, then exit. SIGINT is
-ignored (Ctrl-C in a terminal reaches the whole process group; the parent decides), SIGXFSZ too
-(a file-size limit is a failed write, reported, not a killed writer), and SIGUSR1 means discard:
-drop what is not written yet (the parent found its out_dir replaced).
+input (the parent closed the pipe, or died) means: write what came whole, then exit. So SIGINT,
+SIGTERM and SIGHUP are ignored: Ctrl-C in a terminal, a scheduler stopping a job and a closed
+terminal reach the whole process group, and the child must outlive the parent long enough to
+write what it got (SIGKILL still ends it). SIGXFSZ is ignored too (a file-size limit is a failed
+write, reported, not a killed writer), and SIGUSR1 means discard: drop what is not written yet
+(the parent found its out_dir replaced).
 """
 
 from __future__ import annotations
@@ -135,9 +137,9 @@ def _write_all(root: str, files: Any, pending: Any, discarding: threading.Event)
 
 def main(argv: list[str]) -> int:
     root, max_pending = argv[1], int(argv[2])
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if hasattr(signal, "SIGXFSZ"):
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGXFSZ"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
     discarding = threading.Event()
     signal.signal(signal.SIGUSR1, lambda *_: discarding.set())
     here = os.path.dirname(os.path.abspath(__file__))

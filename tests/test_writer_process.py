@@ -103,9 +103,12 @@ def test_a_child_that_never_starts_leaves_every_file_to_the_thread(tmp_path, mon
     monkeypatch.setattr(writer_process, "CHILD_PROGRAM", str(broken))
     writer = TrialWriter(LocalStorage(str(tmp_path / "run")), "worker_0")
     assert writer._process is not None  # noqa: SLF001 - started; it exits before it is ready
-    writer.write_collections(CollectionManager().to_json())  # written here while it starts
+    writer.write_collections(CollectionManager().to_json())  # written here: the child is not ready
     deadline = time.monotonic() + 10
-    while not writer._process.gone and time.monotonic() < deadline:  # noqa: SLF001
+    while time.monotonic() < deadline:  # the child exits; the next file notices (or this one did)
+        process = writer._process  # noqa: SLF001
+        if process is None or process.gone:
+            break
         time.sleep(0.01)
     _write_steps(writer, range(12))
     assert writer._process is None and writer._thread is not None  # noqa: SLF001 - the thread took over
@@ -137,10 +140,14 @@ def test_a_child_killed_mid_run_is_a_recorded_failure_and_the_thread_goes_on(tmp
     assert trial.steps() == list(range(10))  # nothing was held when it died: nothing lost
 
 
-def test_the_child_writes_what_it_got_after_the_training_process_is_killed(tmp_path):
-    """Large steps go to the child at once (a batch is full); the parent then dies by SIGKILL
-    with the child still writing: every step it got is written whole."""
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM to the process group"])
+def test_the_child_writes_what_it_got_after_the_training_process_is_killed(tmp_path, how):
+    """Large steps go to the child at once (a batch is full); the parent then dies (SIGKILL, or
+    a scheduler's SIGTERM to the whole process group, which the child ignores) with the child
+    still writing: every step it got is written whole."""
     root = tmp_path / "run"
+    kill = ("os.kill(os.getpid(), signal.SIGKILL)" if how == "SIGKILL"
+            else "os.killpg(os.getpgid(0), signal.SIGTERM)")
     script = textwrap.dedent(f"""
         import os, signal, sys
         sys.path.insert(0, {str(ROOT)!r})
@@ -156,10 +163,11 @@ def test_the_child_writes_what_it_got_after_the_training_process_is_killed(tmp_p
             writer.open_step(step, ModeKeys.TRAIN, step)
             writer.add_tensor("x", np.full(1 << 20, float(step)), ModeKeys.TRAIN, step)
             writer.close_step()
-        os.kill(os.getpid(), signal.SIGKILL)
+        {kill}
     """)
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert done.returncode == -signal.SIGKILL, done.stderr
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          start_new_session=True)  # its own process group, for killpg
+    assert done.returncode == -(signal.SIGKILL if how == "SIGKILL" else signal.SIGTERM), done.stderr
     child = int(done.stdout.split()[0])
     deadline = time.monotonic() + 60
     while _alive(child) and time.monotonic() < deadline:
