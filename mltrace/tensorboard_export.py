@@ -107,16 +107,11 @@ def histogram_field_parts(values: np.ndarray) -> list[bytes] | None:
     return None if binned is None else binned_parts(binned)
 
 
-def encode_binned(binned: Binned) -> bytes | None:
-    """The encoded HistogramProto of a binned histogram, as torch's ``make_histogram`` writes
-    it: empty buckets trimmed at both ends but one kept on the left (TensorBoard shows only
-    right edges); None when every value lies beyond +-1e20 (no bucket holds one)."""
-    parts = binned_parts(binned)
-    return None if parts is None else b"".join(parts)
-
-
 def binned_parts(binned: Binned) -> list[bytes] | None:
-    """:func:`encode_binned` in parts (mltrace.format.events.histogram_parts)."""
+    """The encoded HistogramProto of a binned histogram, in parts
+    (mltrace.format.events.histogram_parts), as torch's ``make_histogram`` writes it: empty
+    buckets trimmed at both ends but one kept on the left (TensorBoard shows only right edges);
+    None when every value lies beyond +-1e20 (no bucket holds one)."""
     span = _filled_span(binned)
     if span is None:
         return None

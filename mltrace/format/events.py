@@ -142,27 +142,20 @@ def _nonzero_double(field_number: int, value: float) -> bytes:
     return w.double_field(field_number, value) if (value != 0.0 or math.copysign(1.0, value) < 0) else b""
 
 
-def encode_histogram(
+def histogram_parts(
     min: float, max: float, num: float, sum: float, sum_squares: float,
     bucket_limit: np.ndarray, bucket: np.ndarray,
-) -> bytes:
-    """Serialize a HistogramProto (TensorBoard's legacy histogram, what torch's SummaryWriter writes)::
+) -> list[bytes]:
+    """Serialize a HistogramProto (TensorBoard's legacy histogram, what torch's SummaryWriter
+    writes) as parts whose join is the proto::
 
         HistogramProto { 1 min, 2 max, 3 num, 4 sum, 5 sum_squares: double,
                          6 bucket_limit: packed double, 7 bucket: packed double }
 
     ``bucket_limit[i]`` is the right edge of bucket ``i`` (the first bucket starts at -DBL_MAX);
-    ``bucket`` holds the counts, as doubles.
+    ``bucket`` holds the counts, as doubles. In parts, the two packed arrays (a few kB each) are
+    not copied into a joined proto before they are framed.
     """
-    return b"".join(histogram_parts(min, max, num, sum, sum_squares, bucket_limit, bucket))
-
-
-def histogram_parts(
-    min: float, max: float, num: float, sum: float, sum_squares: float,
-    bucket_limit: np.ndarray, bucket: np.ndarray,
-) -> list[bytes]:
-    """:func:`encode_histogram` in parts whose join is the proto: the two packed arrays (a few
-    kB each) are not copied into a joined proto before they are framed."""
     head = b"".join(_nonzero_double(f, v) for f, v in ((1, min), (2, max), (3, num), (4, sum), (5, sum_squares)))
     parts = [head]
     for field_number, values in ((6, bucket_limit), (7, bucket)):
