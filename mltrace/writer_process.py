@@ -315,7 +315,7 @@ class WriterProcess:
             return None
         if discard:
             try:
-                self._proc.send_signal(_DISCARD_SIGNAL)
+                self._proc.send_signal(signal.SIGUSR1)  # the child's discard (POSIX only, as it)
             except OSError:
                 pass
         else:
@@ -359,7 +359,6 @@ def _grow_pipe(fd: int) -> None:
         pass
 
 
-_DISCARD_SIGNAL = getattr(signal, "SIGUSR1", signal.SIGTERM)
 _LIVE: weakref.WeakSet[WriterProcess] = weakref.WeakSet()
 
 
