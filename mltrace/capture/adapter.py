@@ -28,6 +28,7 @@ from mltrace.collections import GRADIENT_PREFIX, Collection, CollectionKeys
 from mltrace.exceptions import MltraceTypeError
 from mltrace.format import paths
 from mltrace.histogram_bins import Binned
+from mltrace.reductions import all_finite
 
 if TYPE_CHECKING:
     from mltrace.hook import Hook
@@ -163,8 +164,6 @@ class Adapter:
         """True if every result of the handles ``started`` is finite (the flight recorder's check
         of each step); False may also mean a sum that overflowed (mltrace.reductions.all_finite):
         the caller then looks value by value."""
-        from mltrace.reductions import all_finite
-
         return all_finite(self.reductions_to_flat(started).tolist())
 
     def pack_reductions(self, started: list[Any]) -> list[Any]:
