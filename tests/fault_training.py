@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 import mltrace.pytorch as smd
+from tests.processes import child_pids
 from tests.torch_training import Captured, train
 
 BEFORE, DURING, AFTER = 10, 10, 5
@@ -108,23 +109,6 @@ def limit_file_size(soft: int, hard: int) -> None:
             resource.prlimit(pid, resource.RLIMIT_FSIZE, (soft, hard))
         except ProcessLookupError:  # exited since it was listed
             continue
-
-
-def child_pids() -> list[int]:
-    """The processes this one started that still run: /proc/<pid>/stat's parent field (the
-    kernel's per-task ``children`` lists need CONFIG_PROC_CHILDREN)."""
-    me, pids = os.getpid(), []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == me:
-            pids.append(int(entry))
-    return pids
 
 
 @dataclass

@@ -39,6 +39,7 @@ from mltrace.storage.local import LocalStorage
 from mltrace.trials import Trial, create_trial
 from mltrace.writer import TrialWriter
 from tests.crash_training import expected_custom, is_eval_step
+from tests.processes import wait_for_writers, writer_processes
 from tests.servers import s3_server, stop  # noqa: F401 - fixture
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -98,6 +99,7 @@ class Figures:
     empty_trials: int = 0
     orphan_events: int = 0
     finished_before_kill: int = 0
+    writers_outlived_kill: int = 0
     lost: list[str] = field(default_factory=list)
 
     def line(self, seconds: float) -> str:
@@ -109,6 +111,7 @@ class Figures:
                 f"{self.temp_files_planted} orphan_events_files="
                 f"{self.orphan_events} killed_before_first_step={self.empty_trials} "
                 f"finished_before_kill={self.finished_before_kill} "
+                f"writers_outlived_kill={self.writers_outlived_kill} "
                 f"steps_lost={len(self.lost)} seconds={seconds:.1f}")
 
 
@@ -257,6 +260,10 @@ def run_until(h: Harness, live: LiveReader, delay: float | None,
         os.kill(pid, 9)  # our grandchild, not yet reaped: the PID is still its own
     status = server.reap(pid)
     assert status in (-9, 0), f"training child exited with {status}; see the fork server log"
+    # The killed process's writer process writes what it was handed and then exits; only then
+    # does the disk hold what the kill left (and a restarted job starts, as after a real kill).
+    figures.writers_outlived_kill += bool(writer_processes(live.out_dir))
+    wait_for_writers(live.out_dir)
     figures.kills += status == -9
     figures.random_kills += status == -9 and delay is not None
     figures.finished_before_kill += status == 0

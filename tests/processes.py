@@ -1,0 +1,53 @@
+"""Processes the fault tests look for in /proc: the writer processes a training process
+started, also once it died (Linux only, as these tests are)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from mltrace.writer_process import CHILD_PROGRAM
+
+
+def child_pids() -> list[int]:
+    """The processes this one started that still run: /proc/<pid>/stat's parent field (the
+    kernel's per-task ``children`` lists need CONFIG_PROC_CHILDREN)."""
+    me, pids = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == me:
+            pids.append(int(entry))
+    return pids
+
+
+def writer_processes(root: str) -> list[int]:
+    """The trial writer processes (mltrace/writer_child.py) that write the trial in ``root``,
+    whoever their parent is now: one whose training process was killed outlives it while it
+    writes what it was handed, and then belongs to init."""
+    root, pids = os.path.realpath(root), []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = [os.fsdecode(arg) for arg in f.read().split(b"\0")]
+        except OSError:
+            continue
+        if (CHILD_PROGRAM in argv and len(argv) > argv.index(CHILD_PROGRAM) + 1
+                and os.path.realpath(argv[argv.index(CHILD_PROGRAM) + 1]) == root):
+            pids.append(int(entry))
+    return pids
+
+
+def wait_for_writers(root: str, timeout: float = 30.0) -> None:
+    """Return once no writer process writes the trial in ``root`` (see writer_processes)."""
+    deadline = time.monotonic() + timeout
+    while (pids := writer_processes(root)):
+        assert time.monotonic() < deadline, f"writer processes {pids} of {root} still run"
+        time.sleep(0.005)
