@@ -49,6 +49,9 @@ _IOV_MAX = 512  # parts per writev, below every system's IOV_MAX
 BATCH_BYTES = 256 << 10
 BATCH_GROUPS = 8
 BATCH_SECONDS = 0.05
+#: Bytes a batch may keep waiting for room in the pipe while the training thread goes on (the
+#: reports thread sends them as the child reads); beyond them the training thread waits.
+PUSH_BYTES = 8 << 20
 
 Files = Sequence[tuple[str, "bytes | None"]]
 
@@ -70,6 +73,11 @@ class _Channel:
     and, for a training that stopped saving, by the reports thread), and at every flush and
     close. So a file reaches the disk (or a failure the log) at most BATCH_SECONDS later than
     it would from a thread.
+
+    A batch larger than the pipe's room (a save step of a big model) does not keep the training
+    thread waiting for the child to read it: what the pipe took is sent, and the reports thread,
+    woken through a second pipe, sends the rest as the child reads. The training thread waits
+    only once PUSH_BYTES are unsent, and at every flush and close.
     """
 
     def __init__(self, fd: int, on_failure: Callable[[str, BaseException], None]) -> None:
@@ -86,6 +94,10 @@ class _Channel:
         self.size = 0
         self.since = 0.0  # when the batch's first group came
         self.last_sent = 0.0  # when the last batch went
+        #: True while the reports thread sends the rest of a batch the pipe had no room for
+        self.pushing = False
+        self.wake_r, self.wake_w = os.pipe()  # wakes the reports thread to push
+        os.set_blocking(self.wake_w, False)
 
     def add(self, files: Files, parts: list[bytes | memoryview], size: int, soon: bool) -> None:
         now = time.monotonic()
@@ -97,9 +109,24 @@ class _Channel:
             self.size += size
             if self.ended:
                 raise WriterProcessGone
+            if self.pushing:  # the reports thread sends; the batch follows what it holds
+                if self.size >= PUSH_BYTES:
+                    self.send(block=True)
+                return
             if (soon or now - self.last_sent >= BATCH_SECONDS or self.size >= BATCH_BYTES
                     or len(self.groups) >= BATCH_GROUPS or now - self.since >= BATCH_SECONDS):
-                self.send(block=True)
+                if not self.send(block=self.size >= PUSH_BYTES):
+                    self.push_later()
+
+    def push_later(self) -> None:
+        """Have the reports thread send the rest of the batch (the caller holds ``sending``)."""
+        self.pushing = True
+        if self.wake_w < 0:  # the reports thread ended: flush and close send the rest
+            return
+        try:
+            os.write(self.wake_w, b"\0")
+        except OSError:  # full: the reports thread is woken already
+            pass
 
     def send(self, block: bool) -> bool:
         """Write the batch into the pipe (the caller holds ``sending``). With ``block``, waits
@@ -133,17 +160,20 @@ class _Channel:
                 self.changed.notify_all()
             raise WriterProcessGone from exc
         self.parts, self.groups, self.size = [], [], 0
+        self.pushing = False
         self.last_sent = time.monotonic()
         return True
 
     def send_if_waiting(self) -> None:
         """From the reports thread: send a batch whose first file waited BATCH_SECONDS (for a
-        training that stopped saving); never waits for the pipe or for the training thread."""
+        training that stopped saving), or what is left of one being pushed; never waits for the
+        pipe or for the training thread."""
         if not self.groups or not self.sending.acquire(blocking=False):
             return
         try:
-            if self.groups and time.monotonic() - self.since >= BATCH_SECONDS:
-                self.send(block=False)
+            if self.groups and (self.pushing or time.monotonic() - self.since >= BATCH_SECONDS):
+                if not self.send(block=False):
+                    self.pushing = True
         finally:
             self.sending.release()
 
@@ -152,6 +182,7 @@ class _Channel:
         with self.sending:
             taken = self.groups
             self.parts, self.groups, self.size = [], [], 0
+            self.pushing = False
             return taken
 
     def serve(self, proc: subprocess.Popen[bytes]) -> None:
@@ -161,9 +192,13 @@ class _Channel:
         fd = proc.stdout.fileno()
         try:
             while True:
-                readable, _, _ = select.select([fd], [], [], BATCH_SECONDS)
-                if not readable:
+                readable, writable, _ = select.select(
+                    [fd, self.wake_r], [self.fd] if self.pushing else [], [], BATCH_SECONDS)
+                if self.wake_r in readable:
+                    os.read(self.wake_r, 4096)
+                if writable or not readable or self.wake_r in readable:
                     self.send_if_waiting()
+                if fd not in readable:
                     continue
                 head = _read_exactly(fd, protocol.REPORT.size)
                 if head is None:
@@ -191,6 +226,19 @@ class _Channel:
                 self.changed.notify_all()
             proc.wait()
             proc.stdout.close()
+            with self.sending:  # push_later writes to wake_w while holding it
+                self.close_wake()
+
+    def close_wake(self) -> None:
+        """Close the wake pipe (the reports thread ended, or in a forked copy); its numbers are
+        forgotten, so that a later push_later cannot write into a file that reused them."""
+        wakes, self.wake_r, self.wake_w = (self.wake_r, self.wake_w), -1, -1
+        for wake in wakes:
+            if wake >= 0:
+                try:
+                    os.close(wake)
+                except OSError:
+                    pass
 
 
 def _read_exactly(fd: int, size: int) -> bytes | None:
@@ -336,6 +384,8 @@ class WriterProcess:
         the batch); close our copies."""
         self._channel.ended = True
         self._channel.parts, self._channel.groups = [], []
+        self._channel.pushing = False
+        self._channel.close_wake()
         self._finalizer.detach()
         for stream in (self._proc.stdin, self._proc.stdout):
             _close_quietly(stream)

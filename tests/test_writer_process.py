@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -176,6 +177,43 @@ def test_the_child_writes_what_it_got_after_the_training_process_is_killed(tmp_p
     trial = create_trial(str(root))
     assert trial.steps() == list(range(12))
     assert all(trial.tensor("x").value(s)[-1] == s for s in range(12))
+
+
+def test_a_step_larger_than_the_pipe_does_not_wait_for_the_child_to_read_it(tmp_path):
+    """A save step of a big model (here 3 MiB, three times the pipe) is sent by the reports
+    thread as the child reads: with the child stopped (SIGSTOP), handing two of them over still
+    returns. A third would pass PUSH_BYTES unsent: that one waits until the child reads again.
+    Then flush waits for all of them, and every step is on disk, in order."""
+    writer = TrialWriter(LocalStorage(str(tmp_path / "run")), "worker_0")
+    writer.write_collections(CollectionManager().to_json())
+    process = writer._process  # noqa: SLF001
+    assert process is not None
+    writer.flush()  # the child is ready: files go to it from now on
+    channel = process._channel  # noqa: SLF001
+    third = threading.Thread(target=_write_steps, args=(writer, range(2, 3), 3 << 17))
+    os.kill(process.pid, signal.SIGSTOP)
+    try:
+        first = threading.Thread(target=_write_steps, args=(writer, range(2), 3 << 17))
+        first.start()
+        first.join(10)
+        assert not first.is_alive(), "handing over waited for a child that reads nothing now"
+        assert channel.pushing and channel.parts, "the rest waits for the reports thread"
+        third.start()
+        third.join(0.5)
+        assert third.is_alive(), "past PUSH_BYTES unsent, handing a step over waits"
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+    third.join(30)
+    assert not third.is_alive()
+    writer.flush()
+    assert not channel.pushing and not channel.parts
+    writer.write_end_marker()
+    writer.close()
+    assert writer.failures.messages == []
+    trial = create_trial(str(tmp_path / "run"))
+    assert trial.steps() == [0, 1, 2]
+    for step in range(3):
+        assert (trial.tensor("x").value(step) == float(step)).all()
 
 
 def _alive(pid: int) -> bool:
