@@ -1,7 +1,11 @@
 """Compiled PyTorch training with and without mltrace's hook, side by side in one process.
 
 What is measured: an MLP (``--width`` wide, 4 Linear layers with ReLU, batch 64, SGD) compiled
-with ``torch.compile`` (inductor by default), trained ``--steps`` steps per run:
+with ``torch.compile`` (inductor by default), trained ``--steps`` steps per run. ``--model mlp``
+(the default) is a model class of its own, as training scripts compile; ``--model sequential``
+is the same layers in an ``nn.Sequential``, whose call TorchDynamo traces from the outside
+(torch.nn's own classes are in its trace rules): the hook's step boundary on it, registered
+before compiling, is one graph break (see bench/README.md).
 
 - ``compiled``: the compiled model, no hook;
 - ``hook-after``: ``hook.register_module(torch.compile(model))``;
@@ -47,8 +51,25 @@ BATCH = 64
 WARM_STEPS = 5  # untimed steps of every run before its timed steps
 
 
-def _model(width: int) -> nn.Module:
+class MLP(nn.Module):
+    """4 Linear layers with ReLU between them: a model class of its own."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(width, width if i < 3 else 1) for i in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i < 3:
+                x = torch.relu(x)
+        return x
+
+
+def _model(width: int, kind: str = "sequential") -> nn.Module:
     torch.manual_seed(0)
+    if kind == "mlp":
+        return MLP(width)
     layers: list[nn.Module] = []
     for i in range(4):
         layers += [nn.Linear(width, width if i < 3 else 1), nn.ReLU()]
@@ -58,9 +79,10 @@ def _model(width: int) -> nn.Module:
 class Run:
     """One variant: its model, optimizer, maybe a hook, and a step function."""
 
-    def __init__(self, variant: str, width: int, interval: int, backend: str, out_dir: str) -> None:
+    def __init__(self, variant: str, width: int, interval: int, backend: str, out_dir: str,
+                 kind: str = "mlp") -> None:
         self.variant, self.hook = variant, None
-        model = _model(width)
+        model = _model(width, kind)
         self.loss_fn = nn.MSELoss()
         if variant.startswith("hook"):
             self.hook = smd.Hook(out_dir=out_dir, save_config=smd.SaveConfig(save_interval=interval),
@@ -106,7 +128,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             torch._dynamo.reset()
             if k == 0:
                 counters.clear()
-            run = Run(variant, args.width, args.interval, args.backend, f"{work}/{variant}-{k}")
+            run = Run(variant, args.width, args.interval, args.backend, f"{work}/{variant}-{k}",
+                      args.model)
 
             for x, y in data[:WARM_STEPS]:  # a fresh model may recompile (or hit the
                 run.step(x, y)                # compile cache): not part of the step time
@@ -148,15 +171,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--model", choices=("mlp", "sequential"), default="mlp")
     parser.add_argument("--interval", type=int, default=100)
     parser.add_argument("--backend", default="inductor")
     args = parser.parse_args(argv)
     torch._dynamo.config.cache_size_limit = 64  # the variants compile the same code several times
     result = measure(args)
     print(table(result))
-    print(f"load average {result['load']}, torch {result['torch']}, backend {args.backend}")
+    print(f"load average {result['load']}, torch {result['torch']}, backend {args.backend}, "
+          f"model {args.model}")
     os.makedirs(os.path.join(os.path.dirname(__file__), "results"), exist_ok=True)
-    with open(os.path.join(os.path.dirname(__file__), "results", "pytorch_compile.json"), "w") as f:
+    with open(os.path.join(os.path.dirname(__file__), "results",
+                           f"pytorch_compile{'' if args.model == 'mlp' else '_' + args.model}.json"), "w") as f:
         json.dump(result, f, indent=1)
     return 0
 
