@@ -38,6 +38,7 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
+from typing import TypeVar, cast
 
 import numpy as np
 
@@ -60,6 +61,10 @@ _STOP = object()
 #: The files handed over together (a step: its events file, then its index file); None as data
 #: deletes the file.
 FileGroup = Sequence[tuple[str, "bytes | None"]]
+#: The same as the writer process takes them: an events file may still be its parts, in order
+#: (the pipe takes them as they are; joining them would copy every value once more).
+PartsGroup = Sequence[tuple[str, "bytes | list[bytes] | None"]]
+_Group = TypeVar("_Group", bound=PartsGroup)
 #: What the background thread may hold before the training thread waits (see TrialWriter).
 DEFAULT_MAX_PENDING_BYTES = 256 << 20
 # _write_one's outcomes.
@@ -72,7 +77,7 @@ class _StepFile:
     def __init__(self, step: int, mode: ModeKeys, mode_step: int) -> None:
         self.step = step
         self.index = StepIndex(mode=mode, mode_step=mode_step, event_file_name=None)
-        self.parts: list[bytes] = []  # the events file's bytes, joined once when it is closed
+        self.parts: list[bytes] = []  # the events file's bytes, in order (see close_step)
         self.size = 0
 
 
@@ -161,11 +166,12 @@ class TrialWriter:
         step, self._step = self._step, None
         if step is None or (not step.index.tensors and not step.index.shapes):
             return False
-        files = []
+        files: list[tuple[str, bytes | list[bytes] | None]] = []
         if step.index.tensors:
             event_key = paths.event_file_key(step.step, self.worker)
             step.index.event_file_name = event_key
-            files.append((event_key, b"".join(step.parts)))  # the values' second and last copy
+            # the values' second and last copy: into the writer process's pipe, or here
+            files.append((event_key, step.parts if self._piping else b"".join(step.parts)))
         files.append((paths.index_file_key(step.step, self.worker), encode_index(step.index)))
         self._submit(files, soon=not self.batch_steps)
         self.steps_written += 1
@@ -198,7 +204,12 @@ class TrialWriter:
         self._lister = threading.Thread(target=find, name="mltrace-writer-list", daemon=True)
         self._lister.start()
 
-    def _send(self, files: FileGroup, soon: bool) -> None:
+    @property
+    def _piping(self) -> bool:
+        """True while files go into the writer process's pipe (it started, and is not gone)."""
+        return self._process is not None and self._sent_any and not self._process.gone
+
+    def _send(self, files: PartsGroup, soon: bool) -> None:
         """Hand ``files`` to the writer process (``soon``: now, not with a batch of steps); if
         it is gone, the thread takes over."""
         assert self._process is not None
@@ -213,7 +224,7 @@ class TrialWriter:
             # Until the child is ready (tens of ms), files are written here: the trial's first
             # file, its collections file, makes it a trial for readers, and the first steps must
             # not wait in a pipe for a process that may be slow to start (or never start).
-            self._write_group(files)
+            self._write_group(_joined(files))
             return
         self._sent_any = True
         try:
@@ -241,13 +252,14 @@ class TrialWriter:
             self._submit(list(group))
 
     # -- background thread ----------------------------------------------------------------------
-    def _submit(self, files: FileGroup, soon: bool = True) -> None:
+    def _submit(self, parts: PartsGroup, soon: bool = True) -> None:
         """Hand ``files`` to whoever writes them: the writer process, or the thread. Files other
         than steps' (``soon``) go to the process at once: readers look for the collections file
         as soon as a trial exists."""
         if self._process is not None:
-            self._send(files, soon)
+            self._send(parts, soon)
             return
+        files = _joined(parts)
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._run, name="mltrace-writer", daemon=True)
             self._thread.start()
@@ -335,7 +347,7 @@ class TrialWriter:
                            self.worker)
         return steps
 
-    def _replacing_earlier(self, files: FileGroup) -> FileGroup:
+    def _replacing_earlier(self, files: _Group) -> _Group:
         """``files``, led by the removal (None) of the earlier run's index file when they are an
         events file and an index file that replace a step of that run."""
         if not self._earlier_steps or len(files) < 2:  # most runs: no earlier run to replace
@@ -344,7 +356,7 @@ class TrialWriter:
         if parsed is None or parsed[0] not in self._earlier_steps:
             return files
         self._earlier_steps.discard(parsed[0])
-        return [(files[-1][0], None), *files]
+        return cast(_Group, [(files[-1][0], None), *files])
 
     def _spill_unsent(self) -> None:
         """Move what the stalled background thread never took from the queue to the spill."""
@@ -460,6 +472,11 @@ def _failed_in_process(failures: FailureLog, uri: str, key: str, exc: BaseExcept
     """What the writer process could not write (not a method: its reports thread must not keep
     the TrialWriter alive)."""
     _record_failure(failures, f"{uri}/{key}", exc)
+
+
+def _joined(files: PartsGroup) -> FileGroup:
+    """``files`` with each file's data in one piece (what storages and the thread take)."""
+    return [(key, b"".join(data) if isinstance(data, list) else data) for key, data in files]
 
 
 def _size(files: FileGroup) -> int:

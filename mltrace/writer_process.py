@@ -53,7 +53,8 @@ BATCH_SECONDS = 0.05
 #: reports thread sends them as the child reads); beyond them the training thread waits.
 PUSH_BYTES = 8 << 20
 
-Files = Sequence[tuple[str, "bytes | None"]]
+#: Files as (key, data): None deletes the file; a list of bytes is one file's data in parts.
+Files = Sequence[tuple[str, "bytes | list[bytes] | None"]]
 
 
 class WriterProcessGone(Exception):
@@ -74,10 +75,10 @@ class _Channel:
     close. So a file reaches the disk (or a failure the log) at most BATCH_SECONDS later than
     it would from a thread.
 
-    A batch larger than the pipe's room (a save step of a big model) does not keep the training
-    thread waiting for the child to read it: what the pipe took is sent, and the reports thread,
-    woken through a second pipe, sends the rest as the child reads. The training thread waits
-    only once PUSH_BYTES are unsent, and at every flush and close.
+    A batch of BATCH_BYTES or more (a save step of a big model) is copied into the pipe by the
+    reports thread, woken through a second pipe, as the child reads, and so is the rest of one
+    the pipe had no room for: the training thread neither copies it nor waits for the child to
+    read it. It waits only once PUSH_BYTES are unsent, and at every flush and close.
     """
 
     def __init__(self, fd: int, on_failure: Callable[[str, BaseException], None]) -> None:
@@ -113,9 +114,13 @@ class _Channel:
                 if self.size >= PUSH_BYTES:
                     self.send(block=True)
                 return
-            if (soon or now - self.last_sent >= BATCH_SECONDS or self.size >= BATCH_BYTES
-                    or len(self.groups) >= BATCH_GROUPS or now - self.since >= BATCH_SECONDS):
-                if not self.send(block=self.size >= PUSH_BYTES):
+            if self.size >= PUSH_BYTES:
+                self.send(block=True)
+            elif self.size >= BATCH_BYTES:  # copying it into the pipe is the reports thread's
+                self.push_later()
+            elif (soon or now - self.last_sent >= BATCH_SECONDS or len(self.groups) >= BATCH_GROUPS
+                    or now - self.since >= BATCH_SECONDS):
+                if not self.send(block=False):
                     self.push_later()
 
     def push_later(self) -> None:
@@ -321,10 +326,10 @@ class WriterProcess:
         for i, (key, data) in enumerate(files):
             op = protocol.OP_WRITE if data is not None else protocol.OP_DELETE
             name = os.fsencode(key)
-            length = len(data) if data is not None else 0
+            chunks = [] if data is None else data if isinstance(data, list) else [data]
+            length = sum(len(chunk) for chunk in chunks)
             parts += (protocol.HEADER.pack(op | (protocol.IN_GROUP if i else 0), len(name), length), name)
-            if length:
-                parts.append(data)  # type: ignore[arg-type]  # length > 0: data is bytes
+            parts += chunks
             size += length + protocol.FRAME_COST
         self._channel.add(files, parts, size, soon)
 

@@ -216,6 +216,34 @@ def test_a_step_larger_than_the_pipe_does_not_wait_for_the_child_to_read_it(tmp_
         assert (trial.tensor("x").value(step) == float(step)).all()
 
 
+def test_a_child_that_dies_holding_unsent_steps_leaves_them_to_the_thread(tmp_path):
+    """Steps left for the reports thread to push (the child stopped, then killed) are not lost
+    when the child dies: the thread writes them, from their parts as the pipe would have taken
+    them, and the death is a recorded failure."""
+    writer = TrialWriter(LocalStorage(str(tmp_path / "run")), "worker_0")
+    writer.write_collections(CollectionManager().to_json())
+    process = writer._process  # noqa: SLF001
+    assert process is not None
+    writer.flush()
+    os.kill(process.pid, signal.SIGSTOP)
+    _write_steps(writer, range(2), size=3 << 17)  # 3 MiB each: left for the reports thread
+    assert process._channel.groups  # noqa: SLF001 - not in the pipe, or not whole
+    os.kill(process.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while not process.gone and time.monotonic() < deadline:
+        time.sleep(0.01)
+    _write_steps(writer, range(2, 4))
+    writer.write_end_marker()
+    writer.close()
+    assert writer._process is None  # noqa: SLF001 - the thread took over
+    (message,) = writer.failures.messages
+    assert f"writer process {process.pid} exited with status -9" in message
+    trial = create_trial(str(tmp_path / "run"))
+    assert trial.steps() == [0, 1, 2, 3]
+    for step in range(4):
+        assert (trial.tensor("x").value(step) == float(step)).all()
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
