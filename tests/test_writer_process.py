@@ -40,6 +40,22 @@ def _files(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def _kill_child_and_write_on(writer: TrialWriter, process: writer_process.WriterProcess,
+                             steps: range) -> None:
+    """SIGKILL the writer's child, write ``steps`` and close: the thread takes over, and the
+    death is the one recorded failure."""
+    os.kill(process.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while not process.gone and time.monotonic() < deadline:
+        time.sleep(0.01)
+    _write_steps(writer, steps)
+    writer.write_end_marker()
+    writer.close()
+    assert writer._process is None  # noqa: SLF001 - the thread took over
+    (message,) = writer.failures.messages
+    assert f"writer process {process.pid} exited with status -9" in message
+
+
 def test_the_process_writes_the_files_the_thread_writes(tmp_path, monkeypatch):
     trials = {}
     for kind in ("process", "thread"):
@@ -127,16 +143,7 @@ def test_a_child_killed_mid_run_is_a_recorded_failure_and_the_thread_goes_on(tmp
     writer.flush()
     process = writer._process  # noqa: SLF001
     assert process is not None
-    os.kill(process.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while not process.gone and time.monotonic() < deadline:
-        time.sleep(0.01)
-    _write_steps(writer, range(5, 10))
-    writer.write_end_marker()
-    writer.close()
-    assert writer._process is None  # noqa: SLF001
-    (message,) = writer.failures.messages
-    assert f"writer process {process.pid} exited with status -9" in message
+    _kill_child_and_write_on(writer, process, range(5, 10))
     trial = create_trial(str(tmp_path / "run"))
     assert trial.steps() == list(range(10))  # nothing was held when it died: nothing lost
 
@@ -228,16 +235,7 @@ def test_a_child_that_dies_holding_unsent_steps_leaves_them_to_the_thread(tmp_pa
     os.kill(process.pid, signal.SIGSTOP)
     _write_steps(writer, range(2), size=3 << 17)  # 3 MiB each: left for the reports thread
     assert process._channel.groups  # noqa: SLF001 - not in the pipe, or not whole
-    os.kill(process.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while not process.gone and time.monotonic() < deadline:
-        time.sleep(0.01)
-    _write_steps(writer, range(2, 4))
-    writer.write_end_marker()
-    writer.close()
-    assert writer._process is None  # noqa: SLF001 - the thread took over
-    (message,) = writer.failures.messages
-    assert f"writer process {process.pid} exited with status -9" in message
+    _kill_child_and_write_on(writer, process, range(2, 4))
     trial = create_trial(str(tmp_path / "run"))
     assert trial.steps() == [0, 1, 2, 3]
     for step in range(4):
