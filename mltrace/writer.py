@@ -252,14 +252,14 @@ class TrialWriter:
             self._submit(list(group))
 
     # -- background thread ----------------------------------------------------------------------
-    def _submit(self, parts: PartsGroup, soon: bool = True) -> None:
-        """Hand ``files`` to whoever writes them: the writer process, or the thread. Files other
-        than steps' (``soon``) go to the process at once: readers look for the collections file
-        as soon as a trial exists."""
+    def _submit(self, group: PartsGroup, soon: bool = True) -> None:
+        """Hand ``group`` to whoever writes it: the writer process, or the thread (which takes
+        each file in one piece). Files other than steps' (``soon``) go to the process at once:
+        readers look for the collections file as soon as a trial exists."""
         if self._process is not None:
-            self._send(parts, soon)
+            self._send(group, soon)
             return
-        files = _joined(parts)
+        files = _joined(group)
         if self._thread is None or not self._thread.is_alive():
             self._thread = threading.Thread(target=self._run, name="mltrace-writer", daemon=True)
             self._thread.start()

@@ -110,12 +110,10 @@ class _Channel:
             self.size += size
             if self.ended:
                 raise WriterProcessGone
-            if self.pushing:  # the reports thread sends; the batch follows what it holds
-                if self.size >= PUSH_BYTES:
-                    self.send(block=True)
-                return
             if self.size >= PUSH_BYTES:
                 self.send(block=True)
+            elif self.pushing:  # the reports thread sends these after what it holds
+                return
             elif self.size >= BATCH_BYTES:  # copying it into the pipe is the reports thread's
                 self.push_later()
             elif (soon or now - self.last_sent >= BATCH_SECONDS or len(self.groups) >= BATCH_GROUPS
