@@ -17,6 +17,16 @@ Variants, their runs interleaved in one process (bench/README.md's protocol: one
 * ``saving``: no recorder; the hook saves the same reductions of the same tensors to the trial
   on every step (what a run would do to have every step without a recorder).
 
+Yardsticks, the ``hook`` variant plus hand-written hooks on every module and parameter (not
+mltrace; a floor for any recorder built on PyTorch's hooks):
+
+* ``noop_hooks``: hooks that do nothing: what PyTorch charges for calling Python on each tensor.
+* ``lean``: hooks that compute min, max, mean and a std with the fewest kernels (``aminmax``,
+  ``std_mean``, or mean and a centred norm above 512 elements; l2 left to be derived) and keep
+  them in a list, stacked, read as floats for a finite check and kept for 50 steps at each
+  step's start: no names, no budget, no dumps.
+* ``lean_minmax``: the same with ``aminmax`` alone.
+
 Printed: ms/step of each, the ratios, the check's share of the step, and the recorder's memory
 (its ring's bytes at the end against the budget).
 
@@ -29,6 +39,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import statistics
 import sys
@@ -46,7 +57,8 @@ from torch import nn  # noqa: E402
 import mltrace.pytorch as smd  # noqa: E402
 from mltrace.capture.recorder_config import DEFAULT_REDUCTIONS  # noqa: E402
 
-VARIANTS = ("none", "hook", "recorder", "recorder_nocheck", "recorder_minmax", "saving")
+VARIANTS = ("none", "hook", "recorder", "recorder_nocheck", "recorder_minmax", "saving",
+            "noop_hooks", "lean", "lean_minmax")
 BUDGET = 16 * 1024 * 1024
 
 
@@ -71,13 +83,52 @@ def _hook(variant: str, out_dir: str) -> Any:
     return hook
 
 
+class LeanRecorder:
+    """The yardstick variants' hand-written recorder (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, loss_fn: nn.Module, reduce: bool, minmax: bool) -> None:
+        self.values: list[torch.Tensor] = []
+        self.ring: list[torch.Tensor] = []
+        self.minmax = minmax
+        keep = self.keep if reduce else (lambda tensor: None)
+        for module in [*model.modules(), loss_fn]:
+            module.register_forward_hook(lambda module, inputs, output: keep(output))
+        for param in model.parameters():
+            param.register_hook(keep)
+        if reduce:
+            model.register_forward_pre_hook(lambda module, inputs: self.step())
+
+    def keep(self, tensor: torch.Tensor) -> None:
+        t = tensor.detach()
+        low, high = torch.aminmax(t)
+        if self.minmax:
+            self.values += (low, high)
+        elif t.numel() <= 512:
+            std, mean = torch.std_mean(t, correction=0)
+            self.values += (low, high, mean, std)
+        else:
+            mean = t.mean()
+            self.values += (low, high, mean, torch.linalg.vector_norm(t - mean))
+
+    def step(self) -> None:
+        if not self.values:
+            return
+        stacked, self.values = torch.stack(self.values), []
+        if not math.isfinite(sum(stacked.tolist())):
+            raise FloatingPointError("a recorded value is not finite")
+        self.ring.append(stacked)
+        del self.ring[:-50]
+
+
 def one_run(variant: str, out_dir: str, data: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
     model, loss_fn = make_model(), nn.MSELoss()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    hook = _hook(variant, out_dir)
+    hook = _hook("hook" if variant in ("noop_hooks", "lean", "lean_minmax") else variant, out_dir)
     if hook is not None:
         hook.register_module(model)
         hook.register_loss(loss_fn)
+    if variant in ("noop_hooks", "lean", "lean_minmax"):
+        LeanRecorder(model, loss_fn, reduce=variant != "noop_hooks", minmax=variant == "lean_minmax")
     gc.collect()
     start = time.perf_counter()
     train_steps(model, loss_fn, opt, data)
@@ -130,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  recorder's added time / hook's added   {out['recorder_added_over_hook_added']:.2f}")
     print(f"  non-finite check alone, share of step  {out['check_share_of_step'] * 100:+.1f}%")
     print(f"  ring: {out['ring_steps']} steps, {out['ring_bytes']} bytes (budget {BUDGET})")
+    for v in ("noop_hooks", "lean", "lean_minmax", "recorder", "recorder_minmax"):
+        print(f"  {v} / hook{'':{18 - len(v)}} {ms[v] / ms['hook']:.3f}")
     return 0
 
 
