@@ -162,10 +162,17 @@ class _Channel:
                 self.ended = True
                 self.changed.notify_all()
             raise WriterProcessGone from exc
-        self.parts, self.groups, self.size = [], [], 0
-        self.pushing = False
+        self.clear()
         self.last_sent = time.monotonic()
         return True
+
+    def clear(self) -> list[Files]:
+        """Empty the batch (sent, or given up) and return its groups (the caller holds
+        ``sending``, or is a forked copy where no other thread runs)."""
+        groups = self.groups
+        self.parts, self.groups, self.size = [], [], 0
+        self.pushing = False
+        return groups
 
     def send_if_waiting(self) -> None:
         """From the reports thread: send a batch whose first file waited BATCH_SECONDS (for a
@@ -183,10 +190,7 @@ class _Channel:
     def take_unsent(self) -> list[Files]:
         """Once the child is gone: the groups it never got."""
         with self.sending:
-            taken = self.groups
-            self.parts, self.groups, self.size = [], [], 0
-            self.pushing = False
-            return taken
+            return self.clear()
 
     def serve(self, proc: subprocess.Popen[bytes]) -> None:
         """The reports thread: reads the child's reports until its end of the pipe closes, and
@@ -386,8 +390,7 @@ class WriterProcess:
         """In a forked child: the pipes and the batch belong to the parent's writer (which sends
         the batch); close our copies."""
         self._channel.ended = True
-        self._channel.parts, self._channel.groups = [], []
-        self._channel.pushing = False
+        self._channel.clear()  # not under ``sending``: a lock held at the fork stays held here
         self._channel.close_wake()
         self._finalizer.detach()
         for stream in (self._proc.stdin, self._proc.stdout):
