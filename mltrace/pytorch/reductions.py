@@ -125,33 +125,29 @@ def fused_reductions(items: list[tuple[str, bool]]) -> Callable[[torch.Tensor], 
         rest = [(i, name) for i, (name, a) in enumerate(items) if a == abs_ and i not in done]
         groups.append((abs_, minmax, spread, rest))
     size = len(items)
-    # each group's steps, decided here: the call below only runs them (a line of Python is a
-    # good part of a small tensor's reduction time)
-    plans = [(abs_, minmax, spread, [(i, _REDUCTIONS[name]) for i, name in rest])
-             for abs_, minmax, spread, rest in groups]
 
     def reduce(t: torch.Tensor) -> list[torch.Tensor]:
         out: list[Any] = [None] * size
-        for abs_, minmax, spread, rest in plans:
+        for abs_, minmax, spread, rest in groups:
             x = t.abs() if abs_ else t
             if minmax is not None:
                 out[minmax[0]], out[minmax[1]] = torch.aminmax(x)
             if spread is not None:
-                i_std, i_mean, i_var = spread
                 n = x.numel()
                 if n <= _ONE_PASS_STD_LIMIT or not x.is_cpu:  # one kernel on an accelerator
                     std, mean = torch.std_mean(x, correction=0)
                 else:  # two passes, as numpy's std
                     mean = x.mean()
                     std = torch.linalg.vector_norm(x - mean) / (n ** 0.5)
+                i_std, i_mean, i_var = spread
                 if i_std is not None:
                     out[i_std] = std
                 if i_mean is not None:
                     out[i_mean] = mean
                 if i_var is not None:
                     out[i_var] = std * std
-            for i, fn in rest:
-                out[i] = fn(x)
+            for i, name in rest:
+                out[i] = _torch_reduction(x, name, False)
         return out
 
     _PLANS[key] = reduce
@@ -197,19 +193,3 @@ def _torch_reduction(t: torch.Tensor, name: str, abs_: bool) -> torch.Tensor:
     if name == "zero_fraction":
         return (t == 0).sum().double() / t.numel()
     raise MltraceValueError(f"unknown reduction {name!r}")
-
-
-def _reduction(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    def reduce(t: torch.Tensor) -> torch.Tensor:
-        return _torch_reduction(t, name, False)
-
-    return reduce
-
-
-#: The reductions as one call each (fused_reductions' plans skip _torch_reduction's chain of
-#: names): torch's own function where it is the definition, else _torch_reduction's.
-_REDUCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    name: _reduction(name) for name in ("std", "variance", "prod", "median", "l1", "nan_count",
-                                        "inf_count", "zero_fraction")}
-_REDUCTIONS.update(min=torch.min, max=torch.max, mean=torch.mean, sum=torch.sum,
-                   l2=torch.linalg.vector_norm)  # vector_norm: sqrt(sum |x|^2), complex too
