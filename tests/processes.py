@@ -39,15 +39,19 @@ def writer_processes(root: str) -> list[int]:
                 argv = [os.fsdecode(arg) for arg in f.read().split(b"\0")]
         except OSError:
             continue
-        if (CHILD_PROGRAM in argv and len(argv) > argv.index(CHILD_PROGRAM) + 1
-                and os.path.realpath(argv[argv.index(CHILD_PROGRAM) + 1]) == root):
+        at = argv.index(CHILD_PROGRAM) + 1 if CHILD_PROGRAM in argv else len(argv)
+        if at < len(argv) and os.path.realpath(argv[at]) == root:
             pids.append(int(entry))
     return pids
 
 
-def wait_for_writers(root: str, timeout: float = 30.0) -> None:
-    """Return once no writer process writes the trial in ``root`` (see writer_processes)."""
+def wait_for_writers(root: str, timeout: float = 30.0) -> bool:
+    """Return once no writer process writes the trial in ``root`` (see writer_processes); True
+    if one was still running when called."""
     deadline = time.monotonic() + timeout
-    while (pids := writer_processes(root)):
+    found = bool(pids := writer_processes(root))
+    while pids:
         assert time.monotonic() < deadline, f"writer processes {pids} of {root} still run"
         time.sleep(0.005)
+        pids = writer_processes(root)
+    return found

@@ -39,7 +39,7 @@ from mltrace.storage.local import LocalStorage
 from mltrace.trials import Trial, create_trial
 from mltrace.writer import TrialWriter
 from tests.crash_training import expected_custom, is_eval_step
-from tests.processes import wait_for_writers, writer_processes
+from tests.processes import wait_for_writers
 from tests.servers import s3_server, stop  # noqa: F401 - fixture
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -262,8 +262,7 @@ def run_until(h: Harness, live: LiveReader, delay: float | None,
     assert status in (-9, 0), f"training child exited with {status}; see the fork server log"
     # The killed process's writer process writes what it was handed and then exits; only then
     # does the disk hold what the kill left (and a restarted job starts, as after a real kill).
-    figures.writers_outlived_kill += bool(writer_processes(live.out_dir))
-    wait_for_writers(live.out_dir)
+    figures.writers_outlived_kill += wait_for_writers(live.out_dir)
     figures.kills += status == -9
     figures.random_kills += status == -9 and delay is not None
     figures.finished_before_kill += status == 0
