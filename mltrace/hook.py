@@ -133,6 +133,7 @@ class Hook:
                                                 writing=lambda: not self._closed and not self.disabled)
         self.recorder = self.recording.recorder if self.recording is not None else None
         self.step_active = False  # the fast-path flag adapters test before doing any work
+        self.record_only = False  # active only for the flight recorder (adapters: recorder.keep)
         #: True once the current step's files are written (see end_step).
         self.step_written = False
         self.worker, self.num_workers = paths.DEFAULT_WORKER_NAME, 1
@@ -218,9 +219,14 @@ class Hook:
         """Close the previous step and start the next one: adapters call this at a step boundary.
         ``step`` (optional) sets the global and the mode's step to that number instead of counting
         up by one (as smdebug's XGBoost hook does); it must be above the current step."""
-        if self.clock.skip_quiet(step):  # most steps: only counted
+        # A step that only recorded ends first; if the recorder stopped, the next is decided in full.
+        if self.record_only and self.clock.quiet > 0 and not self.recording.end_quiet_step(self.outputs, self.writer):
+            self.clock.quiet = 0
+        if self.clock.skip_quiet(step):  # most steps: only counted (and recorded)
             self.step_written = False
             self.stop.poll()
+            if self.record_only:
+                self.recording.begin_quiet_step(self.clock)
             return
         idle, self.clock.quiet = self.clock.counts_to(step) and self._idle(), 0
         if not idle:
@@ -245,21 +251,22 @@ class Hook:
             for name, value, collections in self.carried.take():
                 self._save_tensor(name, value, collections)
         self.adapter.on_step_begin()
-        if idle and not self.step_active:  # the following steps may be quiet too
+        if (idle and not self.step_active) or (self.record_only and self._idle(recorded=True)):
             self.clock.quiet = self.plan.quiet_steps(self.clock.mode, self.clock.mode_step)
 
-    def _idle(self) -> bool:
-        """True where only the clock moves: nothing written, watched or waiting, no per-step check."""
+    def _idle(self, recorded: bool = False) -> bool:
+        """True where only the clock moves (and the recorder, if ``recorded``): nothing written or waiting."""
         writer = self.writer
-        return (not self.step_active and writer is not None and not writer.step_open and not self.strict
-                and self.checkpoint is None and self.recording is None and not self.outputs.pending_scalars
-                and not self.carried)
+        return ((recorded or (not self.step_active and self.recording is None)) and writer is not None
+                and not writer.step_open and not self.strict and self.checkpoint is None
+                and not self.outputs.pending_scalars and not self.carried)
 
     def decide_due(self) -> bool:
         """Ask the plan what is due now (True if anything); set the adapters' fast-path flag."""
         due = self.plan.begin(self.clock.mode, self.clock.mode_step)
         recording = self.recording is not None and self.recording.active and self.writer is not None
         self.step_active = due or bool(self.plan.nan_watch) or recording
+        self.record_only = recording and not due and not self.plan.nan_watch
         return due
 
     def end_step(self) -> None:
@@ -370,13 +377,6 @@ class Hook:
             self.outputs.flush()
         if self.strict:
             self.outputs.raise_write_failure()
-
-    def check_recorder_budget(self, tensors: Iterable[tuple[str, int]]) -> None:
-        """Adapters call this with the tensors they know before training ((name, bytes): a model's
-        parameters and gradients): a flight recorder's budget too small for one step raises
-        MltraceValueError."""
-        if self.recording is not None:
-            self.recording.check_budget(tensors, self.adapter)
 
     @guarded(user_facing=True)
     def dump_flight_recorder(self, reason: str = "asked by hand") -> None:

@@ -100,10 +100,11 @@ class Adapter:
         return self.reduce(value, items)
 
     def reducer(self, items: ReductionItems) -> Callable[[Any], Any]:
-        """``lambda value: reduce_on_device(value, items)``, or a faster equivalent decided
-        once for ``items`` (the flight recorder calls it for every recorded tensor of every
+        """The flight recorder's per-tensor call: ``reduce_on_device(value, items)`` for a value
+        it can keep (:meth:`recordable`), None for one it cannot. An adapter may return a faster
+        equivalent decided once for ``items`` (it runs for every recorded tensor of every
         step)."""
-        return lambda value: self.reduce_on_device(value, items)
+        return lambda value: self.reduce_on_device(value, items) if self.recordable(value) else None
 
     def bins_on_device(self, value: Any) -> bool:
         """True if :meth:`device_histogram` bins ``value`` where it lives (an accelerator's

@@ -107,6 +107,8 @@ class FlightRecorder:
         self._tensor_bytes = entry_bytes(len(self.items))
         #: the recorded collections, resolved by :meth:`resolve` when the hook prepares
         self.collections: frozenset[Collection] = frozenset()
+        #: the collections a tensor name belongs to (the hook's plan sets it; see :meth:`keep`)
+        self.collections_of: Callable[[str], Iterable[Collection]] = lambda name: ()
         self.enabled = True
         self.ring: deque[_Step] = deque()
         self._kinds: dict[str, tuple[Any, bool, bool, bool]] = {}  # name -> _kind(its colls)
@@ -181,17 +183,25 @@ class FlightRecorder:
         kind = self._kinds.get(name)
         if kind is None or kind[0] is not colls:  # the plan memoizes colls per name
             kind = self._kinds[name] = self._kind(colls)
-        if not kind[1] or not self.adapter.recordable(value):
+        if not kind[1]:
             return
         if kind[2]:
-            self._observe_scalar(step, name, value, kind[3])
+            if self.adapter.recordable(value):
+                self._observe_scalar(step, name, value, kind[3])
             return
         try:
-            started = self._reduce(value)
+            started = self._reduce(value)  # None: not a value the recorder can keep
         except MltraceTypeError as exc:  # e.g. a quantized tensor: not recorded, said once
             self.adapter.warn_once(f"recorder:{name}", "flight recorder: not recording %s: %s", name, exc)
             return
-        self._keep_reductions(step, name, started, self.adapter.snapshot(value) if self.config.raw else None)
+        if started is not None:
+            self._keep_reductions(step, name, started, self.adapter.snapshot(value) if self.config.raw else None)
+
+    def keep(self, name: str, value: Any) -> None:
+        """:meth:`observe` with ``name``'s collections looked up here (``collections_of``): what
+        a framework callback calls directly on a step that only records (see
+        ``Hook.record_only``), skipping the hook's saving path."""
+        self.observe(name, value, self.collections_of(name))
 
     def _keep_reductions(self, step: _Step, name: str, started: Any, raw: Any = None) -> None:
         """Add a tensor's reductions (the adapter's handle ``started``) and its raw copy, if
@@ -239,7 +249,8 @@ class FlightRecorder:
             return
         with self._lock:
             self._last = step
-            step.started = self.adapter.pack_reductions(step.started)
+            if step.started:
+                step.started = self.adapter.pack_reductions(step.started)
             if self.config.nonfinite or self.config.loss_spike is not None:
                 if self.config.loss_spike is not None:
                     self._to_host(step)  # the loss's value is read on the host
@@ -299,6 +310,12 @@ class FlightRecorder:
             self.on_dump(self.record, dump)
             return True
 
+    @property
+    def has_news(self) -> bool:
+        """True if :meth:`dump_pending` has something to do (a dump asked for, or a record
+        file to rewrite)."""
+        return self._pending is not None or self._record_changed
+
     def trigger(self, kind: str, reason: str) -> bool:
         """Ask for a dump at the end of the current step (a rule's request, an exception, the
         user); False if the run has had its ``max_dumps`` already."""
@@ -348,8 +365,10 @@ class FlightRecorder:
         # Every reduction finite means every tensor is (each has its min and max among them).
         # Most steps end here, so this takes one copy and no numpy call (the first numpy call
         # of a step costs ~9 us on a CPU after the training step has run: measured).
-        finite = (all_finite(step.flat.tolist()) if step.flat is not None
-                  else self.adapter.reductions_finite(step.started))
+        if step.flat is not None:
+            finite = all_finite(step.flat.tolist())
+        else:  # a step that recorded nothing is finite
+            finite = not step.started or self.adapter.reductions_finite(step.started)
         if finite:
             self._armed = True
             return None

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mltrace.capture.adapter import Adapter
+from mltrace.capture.clock import StepClock
 from mltrace.capture.flight_recorder import FlightRecorder
 from mltrace.capture.options import HookOptions
 from mltrace.capture.outputs import Outputs
@@ -51,6 +52,7 @@ class Recording:
 
     def __post_init__(self) -> None:
         self.recorder.on_dump = self._tell_sinks
+        self.recorder.collections_of = self.plan.collections_of
         self.stop.watch_dump_requests = True
         if self.recorder.config.on_exception:
             watch_exceptions(self)
@@ -103,6 +105,26 @@ class Recording:
         self.recorder.end_step(outputs.write_records, saved=writer.step_open)
         outputs.end_step()
         self.recorder.dump_pending(writer)
+
+    def end_quiet_step(self, outputs: Outputs, writer: TrialWriter) -> bool:
+        """Close a step that only recorded (the hook's boundary skips its own end there: nothing
+        of its own was due): what the adapter reads at a step's end, then the recorder's end.
+        Most steps end here, so the hook's files are touched only if the recorder wrote into
+        the step (a trigger, or the steps after one). False once the recorder stopped for good
+        (max_dumps, its budget)."""
+        self.recorder.adapter.on_step_end()
+        self.recorder.end_step(outputs.write_records)
+        if writer.step_open:
+            outputs.end_step()
+        if self.recorder.has_news:
+            self.recorder.dump_pending(writer)
+        return self.recorder.enabled
+
+    def begin_quiet_step(self, clock: StepClock) -> None:
+        """Begin a step that only records, the clock moved already (see
+        ``StepClock.skip_quiet``)."""
+        self.begin_step(clock.step, clock.mode, clock.mode_step)
+        self.recorder.adapter.on_step_begin()
 
     def finish(self, writer: TrialWriter) -> None:
         """At close: a dump asked for after the last step, then the record file."""

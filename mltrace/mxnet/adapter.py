@@ -164,7 +164,8 @@ class GluonAdapter(Adapter):
                 sizes.append((param.name, nbytes))
                 if param.grad_req != "null":
                     sizes.append((GRADIENT_PREFIX + param.name, nbytes))
-        self.hook.check_recorder_budget(sizes)
+        if self.hook.recording is not None:
+            self.hook.recording.check_budget(sizes, self)
 
     def on_prepared(self) -> None:
         """Hook the models' child blocks if a saved collection may hold their tensors (decided

@@ -37,7 +37,9 @@ from mltrace.pytorch.optim import OptimizerSteps, ScalerWatch
 from mltrace.pytorch.reductions import (
     QUANTILE_LIMIT,
     DeviceReductions,
+    HostReductions,
     fused_reductions,
+    read_on_cpu,
     stack_parts,
     start_reductions,
 )
@@ -104,6 +106,9 @@ class TorchAdapter(Adapter):
         #: False once the saved collections are fixed, if none can hold a parameter
         self._parameters_watched = True
         self.host_transfers = 0  # device-to-host copies of reductions (see reductions_to_host)
+        #: the flight recorder's ``keep`` on a step that only records (``Hook.record_only``):
+        #: the callbacks hand tensors to it directly, else None
+        self._keep: Callable[[str, Any], None] | None = None
         # Reductions of sharded tensors (FSDP2), combined across ranks once per step
         self._sharded = ReductionBatch()
         self._sharded_saves: list[tuple[str, tuple[int, ...], ReductionItems]] = []
@@ -167,9 +172,10 @@ class TorchAdapter(Adapter):
                 "plain copy with hook.save_tensor(name, t.as_subclass(torch.Tensor))") from exc
 
     def reducer(self, items: ReductionItems) -> Callable[[Any], Any]:
-        """The flight recorder's per-tensor call, decided once: float tensors of the usual
-        dtypes go straight to the fused kernels (a few microseconds of Python less per tensor
-        than :meth:`reduce_on_device`, which handles everything else)."""
+        """The flight recorder's per-tensor call, decided once: non-empty float tensors of the
+        usual dtypes go straight to the fused kernels (a few microseconds of Python less per
+        tensor than :meth:`recordable` and :meth:`reduce_on_device`, which handle everything
+        else)."""
         canonical = [(canonical_name(n), a) for n, a in items]
         names = [n for n, _ in canonical]
         fused = fused_reductions(canonical)
@@ -180,7 +186,7 @@ class TorchAdapter(Adapter):
         median = "median" in names
 
         def reduce(value: Any) -> Any:
-            if type(value) not in plain or median:
+            if type(value) not in plain or median or not value.numel():
                 return general(value)
             dtype = value.dtype
             if dtype in direct:
@@ -239,6 +245,8 @@ class TorchAdapter(Adapter):
         """A step's reductions in one device-to-host copy, when all of them wait on one device
         (in their own dtype: the flight recorder checks every step and converts only what it
         writes)."""
+        if len(started) == 1 and type(started[0]) is HostReductions:
+            return np.frombuffer(started[0].values, dtype=np.float64)
         values = _stacked_on_one_device(started)
         if values is None:
             return super().reductions_to_flat(started)
@@ -246,14 +254,20 @@ class TorchAdapter(Adapter):
 
     def reductions_finite(self, started: list[Any]) -> bool:
         """A packed step's reductions are read as Python floats, in one copy and no numpy call."""
+        if len(started) == 1 and type(started[0]) is HostReductions:
+            return all_finite(started[0].values)
         if len(started) == 1 and type(started[0]) is DeviceReductions and started[0].stacked is not None:
             self.host_transfers += 1
             return all_finite(started[0].stacked.tolist())
         return super().reductions_finite(started)
 
     def pack_reductions(self, started: list[Any]) -> list[Any]:
-        """A step's reductions as one tensor on their device (one object to keep, not one per
-        reduction), when all wait on one device."""
+        """A step's reductions as one object to keep, not one per reduction: read as floats if
+        all are on the CPU, else one tensor when all wait on one device."""
+        on_host = read_on_cpu(started)
+        if on_host is not None:
+            self.host_transfers += 1
+            return [on_host]
         values = _stacked_on_one_device(started) if len(started) > 1 else None
         if values is None:
             return started
@@ -325,9 +339,11 @@ class TorchAdapter(Adapter):
         module.register_forward_hook(outside(self._after_forward))
         self._install_tensor_hooks(inner)
         assert self.hook is not None
-        sizes = [(n, p.numel() * p.element_size()) for n, p in inner.named_parameters()]
-        self.hook.check_recorder_budget(
-            [(f"{root}_{n}", b) for n, b in sizes] + [(f"{GRADIENT_PREFIX}{root}_{n}", b) for n, b in sizes])
+        recording = self.hook.recording
+        if recording is not None:  # a flight recorder's budget too small for one step raises
+            sizes = [(n, p.numel() * p.element_size()) for n, p in inner.named_parameters()]
+            recording.check_budget([(f"{root}_{n}", b) for n, b in sizes]
+                                   + [(f"{GRADIENT_PREFIX}{root}_{n}", b) for n, b in sizes], self)
 
     def register_loss(self, loss_module: torch.nn.Module) -> None:
         """Save the output of a loss module as ``<LossClass>_output_0``."""
@@ -418,7 +434,10 @@ class TorchAdapter(Adapter):
 
         def on_gradient(grad: torch.Tensor | None) -> None:
             if traced.active:
-                self._on_gradient(name, grad)
+                if self._keep is not None and self.scaler is None:  # a step that only records
+                    self._record_gradient(name, grad)
+                else:
+                    self._on_gradient(name, grad)
             elif not self.stepped:
                 self._warn_not_stepping()
 
@@ -511,6 +530,9 @@ class TorchAdapter(Adapter):
                 traced.buffer.append((name, "_input_", detached(inputs)))
                 traced.buffer.append((name, "_output_", detached(outputs)))
                 return
+            if self._keep is not None:  # a step that only records (flight recorder)
+                self._record_io(name, inputs if inputs_too else None, outputs)
+                return
             self._forward_hook(name, inputs if inputs_too else None, outputs)
 
         return on_forward
@@ -523,6 +545,31 @@ class TorchAdapter(Adapter):
         if inputs is not None:
             self.save_io(name, "_input_", inputs)
         self.save_io(name, "_output_", outputs)
+
+    @guarded()
+    def _record_io(self, name: str, inputs: Any, outputs: Any) -> None:
+        """:meth:`_forward_hook` on a step that only records: the tensors go straight to the
+        flight recorder, named as :meth:`save_io` names them."""
+        keep = self._keep
+        if keep is None or in_backward():
+            return
+        if inputs is not None:
+            self._name_io(keep, name + "_input_", inputs)
+        self._name_io(keep, name + "_output_", outputs)
+
+    def _name_io(self, keep: Callable[[str, Any], None], prefix: str, value: Any) -> None:
+        index = self._io_index.get(prefix, 0)
+        for tensor in tensors_in(value):
+            keep(prefix + str(index), tensor)
+            index += 1
+        self._io_index[prefix] = index
+
+    @guarded()
+    def _record_gradient(self, name: str, grad: torch.Tensor | None) -> None:
+        """:meth:`_on_gradient` on a step that only records (no loss scale to undo)."""
+        keep = self._keep
+        if keep is not None and grad is not None:
+            keep(name, grad)
 
     @guarded()
     def _on_gradient(self, name: str, grad: torch.Tensor | None) -> None:
@@ -649,6 +696,8 @@ class TorchAdapter(Adapter):
         self._io_index.clear()
         self.traced.buffer.clear()
         self.traced.active = self.hook.step_active
+        recorder = self.hook.recorder
+        self._keep = recorder.keep if self.hook.record_only and recorder is not None else None
         self._gradient_hooks(self.hook.step_active)
 
     def _warn_not_stepping(self) -> None:
@@ -668,8 +717,10 @@ class TorchAdapter(Adapter):
     def on_step_end(self) -> None:
         """Save module outputs recorded in a compiled region not yet drained (a compiled loss),
         and the step's reductions of sharded tensors not combined yet."""
-        self._drain_traced()
-        self._save_sharded_reductions()
+        if self.traced.buffer:
+            self._drain_traced()
+        if self._sharded_saves:
+            self._save_sharded_reductions()
 
     def on_finish(self) -> None:
         """The last step's reductions of sharded tensors, before the hook writes it."""
