@@ -133,7 +133,7 @@ class Hook:
                                                 writing=lambda: not self._closed and not self.disabled)
         self.recorder = self.recording.recorder if self.recording is not None else None
         self.step_active = False  # the fast-path flag adapters test before doing any work
-        self.record_only = False  # active only for the flight recorder (adapters: recorder.keep)
+        self.recording_only: Recording | None = None  # the step is active only for it (adapters)
         #: True once the current step's files are written (see end_step).
         self.step_written = False
         self.worker, self.num_workers = paths.DEFAULT_WORKER_NAME, 1
@@ -219,14 +219,14 @@ class Hook:
         """Close the previous step and start the next one: adapters call this at a step boundary.
         ``step`` (optional) sets the global and the mode's step to that number instead of counting
         up by one (as smdebug's XGBoost hook does); it must be above the current step."""
-        # A step that only recorded ends first; if the recorder stopped, the next is decided in full.
-        if self.record_only and self.clock.quiet > 0 and not self.recording.end_quiet_step(self.outputs, self.writer):
-            self.clock.quiet = 0
+        only = self.recording_only  # a step that only recorded ends first
+        if only is not None and self.clock.quiet > 0 and not only.end_quiet_step(self.outputs, self.writer):
+            self.clock.quiet = 0  # the recorder stopped: the next step is decided in full
         if self.clock.skip_quiet(step):  # most steps: only counted (and recorded)
             self.step_written = False
             self.stop.poll()
-            if self.record_only:
-                self.recording.begin_quiet_step(self.clock)
+            if only is not None:
+                only.begin_quiet_step(self.clock)
             return
         idle, self.clock.quiet = self.clock.counts_to(step) and self._idle(), 0
         if not idle:
@@ -251,7 +251,7 @@ class Hook:
             for name, value, collections in self.carried.take():
                 self._save_tensor(name, value, collections)
         self.adapter.on_step_begin()
-        if (idle and not self.step_active) or (self.record_only and self._idle(recorded=True)):
+        if (idle and not self.step_active) or (self.recording_only is not None and self._idle(True)):
             self.clock.quiet = self.plan.quiet_steps(self.clock.mode, self.clock.mode_step)
 
     def _idle(self, recorded: bool = False) -> bool:
@@ -266,7 +266,7 @@ class Hook:
         due = self.plan.begin(self.clock.mode, self.clock.mode_step)
         recording = self.recording is not None and self.recording.active and self.writer is not None
         self.step_active = due or bool(self.plan.nan_watch) or recording
-        self.record_only = recording and not due and not self.plan.nan_watch
+        self.recording_only = self.recording if recording and not due and not self.plan.nan_watch else None
         return due
 
     def end_step(self) -> None:

@@ -200,7 +200,7 @@ class FlightRecorder:
     def keep(self, name: str, value: Any) -> None:
         """:meth:`observe` with ``name``'s collections looked up here (``collections_of``): what
         a framework callback calls directly on a step that only records (see
-        ``Hook.record_only``), skipping the hook's saving path."""
+        ``Hook.recording_only``), skipping the hook's saving path."""
         self.observe(name, value, self.collections_of(name))
 
     def _keep_reductions(self, step: _Step, name: str, started: Any, raw: Any = None) -> None:

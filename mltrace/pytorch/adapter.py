@@ -106,7 +106,7 @@ class TorchAdapter(Adapter):
         #: False once the saved collections are fixed, if none can hold a parameter
         self._parameters_watched = True
         self.host_transfers = 0  # device-to-host copies of reductions (see reductions_to_host)
-        #: the flight recorder's ``keep`` on a step that only records (``Hook.record_only``):
+        #: the flight recorder's ``keep`` on a step that only records (``Hook.recording_only``):
         #: the callbacks hand tensors to it directly, else None
         self._keep: Callable[[str, Any], None] | None = None
         # Reductions of sharded tensors (FSDP2), combined across ranks once per step
@@ -696,8 +696,8 @@ class TorchAdapter(Adapter):
         self._io_index.clear()
         self.traced.buffer.clear()
         self.traced.active = self.hook.step_active
-        recorder = self.hook.recorder
-        self._keep = recorder.keep if self.hook.record_only and recorder is not None else None
+        only = self.hook.recording_only
+        self._keep = only.recorder.keep if only is not None else None
         self._gradient_hooks(self.hook.step_active)
 
     def _warn_not_stepping(self) -> None:
