@@ -319,3 +319,73 @@ def test_after_its_last_dump_the_recorder_stops_recording(tmp_path, caplog):
     (dump,) = _records(out)[0].dumps
     assert (dump.step, dump.steps_before, dump.steps_after) == (5, [2, 3, 4], [6, 7])
     assert any("max_dumps" in r.getMessage() for r in caplog.records)
+
+
+def test_steps_that_only_record_take_the_quiet_path_and_record_what_the_full_path_does(tmp_path, monkeypatch):
+    """Between steps that only record (nothing of the hook's own due), the hook skips its own
+    begin and end (Recording.end_quiet_step and begin_quiet_step) and the PyTorch callbacks hand
+    tensors straight to the recorder; the dump must be the same as with every boundary decided
+    in full (the plan never says a step is quiet)."""
+    from mltrace.capture.plan import SavePlan
+
+    decided: list[int] = []
+    begin = SavePlan.begin
+    monkeypatch.setattr(SavePlan, "begin", lambda plan, mode, mode_step:
+                        decided.append(mode_step) or begin(plan, mode, mode_step))
+    quiet = str(tmp_path / "quiet")
+    train(quiet, steps=40, poison_step=30)
+    assert len(decided) <= 5, decided  # step 0 and a few more: not one per step (40)
+    monkeypatch.setattr(SavePlan, "quiet_steps", lambda plan, mode, mode_step: 0)
+    full = str(tmp_path / "full")
+    train(full, steps=40, poison_step=30)
+    a, b = create_trial(quiet), create_trial(full)
+    assert a.steps() == b.steps() == [0] + list(range(10, 36))
+    assert sorted(a.tensor_names()) == sorted(b.tensor_names())
+    for name in ACTS + GRADS:
+        for step in a.steps()[1:]:
+            for red in ("min", "max", "mean", "std", "l2"):
+                np.testing.assert_array_equal(a.tensor(name).reduction_value(step, red),
+                                              b.tensor(name).reduction_value(step, red),
+                                              err_msg=f"{name} {red} step {step}")
+    def dumps(out):
+        return [(d.trigger, d.step, d.steps_before, d.steps_after, d.first_nonfinite.tensor)
+                for d in _records(out)[0].dumps]
+
+    assert dumps(quiet) == dumps(full) == [("nonfinite", 30, list(range(10, 30)), list(range(31, 36)),
+                                            POISONED)]
+
+
+class _Twice(torch.nn.Module):
+    """Calls one layer twice a step: its outputs are ``lin_output_0`` and ``lin_output_1``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(torch.relu(self.lin(x)))
+
+
+def test_a_module_called_twice_a_step_is_recorded_under_both_names(tmp_path):
+    torch.manual_seed(0)
+    smd.get_collection("activations").include(r"^lin_output_\d$")
+    hook = smd.Hook(out_dir=str(tmp_path / "run"), include_collections=["losses"],
+                    save_config=smd.SaveConfig(save_interval=500),
+                    flight_recorder=FlightRecorderConfig(steps=5, after_steps=1,
+                                                         collections=["activations"]))
+    model = _Twice()
+    hook.register_module(model)
+    x = torch.ones(2, 4)
+    with torch.no_grad():
+        first = float(torch.nn.functional.linear(x, model.lin.weight, model.lin.bias).max())
+    for step in range(8):
+        second = float(model(x).detach().max())
+        if step == 6:
+            hook.dump_flight_recorder("look")
+    hook.close()
+    trial = create_trial(str(tmp_path / "run"))
+    assert trial.steps() == list(range(8))  # 0 due to the hook, 1-5 before the dump, 6 and 7
+    for step in (3, 6):
+        assert trial.tensor("lin_output_0").reduction_value(step, "max") == pytest.approx(first)
+        assert trial.tensor("lin_output_1").reduction_value(step, "max") == pytest.approx(second)
+    assert "lin_output_2" not in trial.tensor_names()  # counted from 0 again at every step
