@@ -220,10 +220,11 @@ class Hook:
         ``step`` (optional) sets the global and the mode's step to that number instead of counting
         up by one (as smdebug's XGBoost hook does); it must be above the current step."""
         only = self.recording_only  # a step that only recorded ends first
-        if only is not None and self.clock.quiet > 0 and not only.end_quiet_step(self.outputs, self.writer):
+        if (only is not None and self.clock.quiet > 0
+                and not only.end_quiet_step(self.outputs, self.writer, ended=self.step_written)):
             self.clock.quiet = 0  # the recorder stopped: the next step is decided in full
-        if self.clock.skip_quiet(step):  # most steps: only counted (and recorded)
-            self.step_written = False
+        if self.clock.skip_quiet(step):  # most steps: only counted (or recorded: see Recording)
+            self.step_written, self.step_active = False, only is not None
             self.stop.poll()
             if only is not None:
                 only.begin_quiet_step(self.clock)
@@ -348,10 +349,9 @@ class Hook:
             self.save_for_tensor(tensor_name, tensor_value)
 
     def add_sink(self, name: str, options: dict[str, Any]) -> None:
-        """Start logging to a tracking sink (``"mlflow"``: the ``mlflow=`` options) after the hook
-        was built, as the trainer callbacks do once the trainer's MLflow logger opened its run;
-        scalars saved before are in the trial only, and a dry run logs nowhere. Raises
-        MltraceValueError: the sink is attached already, or bad options."""
+        """Start logging to a tracking sink (``"mlflow"``: the ``mlflow=`` options) once the hook
+        exists, as trainer callbacks do when the trainer's MLflow run is open; earlier scalars stay
+        in the trial, a dry run logs nowhere. Raises MltraceValueError: attached already, bad options."""
         self.options.add_sink(name, options)
         if not self.dry_run:
             self.outputs.add_sinks({name: options}, self)

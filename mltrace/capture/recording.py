@@ -106,23 +106,27 @@ class Recording:
         outputs.end_step()
         self.recorder.dump_pending(writer)
 
-    def end_quiet_step(self, outputs: Outputs, writer: TrialWriter) -> bool:
+    def end_quiet_step(self, outputs: Outputs, writer: TrialWriter, ended: bool) -> bool:
         """Close a step that only recorded (the hook's boundary skips its own end there: nothing
-        of its own was due): what the adapter reads at a step's end, then the recorder's end.
-        Most steps end here, so the hook's files are touched only if the recorder wrote into
-        the step (a trigger, or the steps after one). False once the recorder stopped for good
-        (max_dumps, its budget)."""
-        self.recorder.adapter.on_step_end()
-        self.recorder.end_step(outputs.write_records)
-        if writer.step_open:
-            outputs.end_step()
-        if self.recorder.has_news:
-            self.recorder.dump_pending(writer)
+        of its own was due): what the adapter reads at a step's end, then the recorder's end;
+        nothing if the hook's own end ran already (``ended``: XGBoost's rounds and Keras'
+        batches end themselves). Most steps end here, so the hook's files are touched only if
+        the recorder wrote into the step (a trigger, or the steps after one). False once the
+        recorder stopped for good (max_dumps, its budget)."""
+        if not ended:
+            self.recorder.adapter.on_step_end()
+            self.recorder.end_step(outputs.write_records)
+            if writer.step_open:
+                outputs.end_step()
+            if self.recorder.has_news:
+                self.recorder.dump_pending(writer)
         return self.recorder.enabled
 
     def begin_quiet_step(self, clock: StepClock) -> None:
         """Begin a step that only records, the clock moved already (see
-        ``StepClock.skip_quiet``)."""
+        ``StepClock.skip_quiet``). The hook marks the step active again first: an adapter that
+        ends its steps itself (XGBoost's rounds, Keras' batches call ``hook.end_step``) has
+        made it inactive, and its callbacks would skip the step."""
         self.begin_step(clock.step, clock.mode, clock.mode_step)
         self.recorder.adapter.on_step_begin()
 
