@@ -557,10 +557,12 @@ class TorchAdapter(Adapter):
             self._name_io(keep, name + "_input_", inputs)
         self._name_io(keep, name + "_output_", outputs)
 
-    def _name_io(self, keep: Callable[[str, Any], None], prefix: str, value: Any) -> None:
+    def _name_io(self, take: Callable[[str, Any], None], prefix: str, value: Any) -> None:
+        """Hand ``take`` each tensor in ``value`` as ``<prefix><i>``, counting on from the
+        module's earlier calls this step."""
         index = self._io_index.get(prefix, 0)
         for tensor in tensors_in(value):
-            keep(prefix + str(index), tensor)
+            take(prefix + str(index), tensor)
             index += 1
         self._io_index[prefix] = index
 
@@ -682,12 +684,7 @@ class TorchAdapter(Adapter):
         """Save the tensors in ``value`` as ``<module_name><suffix><i>``, counting on from the
         module's earlier calls this step."""
         assert self.hook is not None
-        prefix = module_name + suffix
-        index = self._io_index.get(prefix, 0)
-        for tensor in tensors_in(value):
-            self.save(f"{prefix}{index}", tensor)  # detached only if saved
-            index += 1
-        self._io_index[prefix] = index
+        self._name_io(self.save, module_name + suffix, value)  # detached only if saved
 
     def on_step_begin(self) -> None:
         """Reset the step's module-call counts and tell the callbacks whether the step saves."""
