@@ -310,12 +310,6 @@ class FlightRecorder:
             self.on_dump(self.record, dump)
             return True
 
-    @property
-    def has_news(self) -> bool:
-        """True if :meth:`dump_pending` has something to do (a dump asked for, or a record
-        file to rewrite)."""
-        return self._pending is not None or self._record_changed
-
     def trigger(self, kind: str, reason: str) -> bool:
         """Ask for a dump at the end of the current step (a rule's request, an exception, the
         user); False if the run has had its ``max_dumps`` already."""

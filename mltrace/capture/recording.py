@@ -108,18 +108,13 @@ class Recording:
 
     def end_quiet_step(self, outputs: Outputs, writer: TrialWriter, ended: bool) -> bool:
         """Close a step that only recorded (the hook's boundary skips its own end there: nothing
-        of its own was due): what the adapter reads at a step's end, then the recorder's end;
+        of its own was due): what the adapter reads at a step's end, then :meth:`end_step`;
         nothing if the hook's own end ran already (``ended``: XGBoost's rounds and Keras'
-        batches end themselves). Most steps end here, so the hook's files are touched only if
-        the recorder wrote into the step (a trigger, or the steps after one). False once the
-        recorder stopped for good (max_dumps, its budget)."""
+        batches end themselves). False once the recorder stopped for good (max_dumps, its
+        budget)."""
         if not ended:
             self.recorder.adapter.on_step_end()
-            self.recorder.end_step(outputs.write_records)
-            if writer.step_open:
-                outputs.end_step()
-            if self.recorder.has_news:
-                self.recorder.dump_pending(writer)
+            self.end_step(outputs, writer)
         return self.recorder.enabled
 
     def begin_quiet_step(self, clock: StepClock) -> None:
