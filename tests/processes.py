@@ -13,16 +13,14 @@ def child_pids() -> list[int]:
     """The processes this one started that still run: /proc/<pid>/stat's parent field (the
     kernel's per-task ``children`` lists need CONFIG_PROC_CHILDREN)."""
     me, pids = os.getpid(), []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in _pids():
         try:
-            with open(f"/proc/{entry}/stat") as f:
+            with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
         if int(fields[1]) == me:
-            pids.append(int(entry))
+            pids.append(pid)
     return pids
 
 
@@ -31,18 +29,21 @@ def writer_processes(root: str) -> list[int]:
     whoever their parent is now: one whose training process was killed outlives it while it
     writes what it was handed, and then belongs to init."""
     root, pids = os.path.realpath(root), []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in _pids():
         try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
                 argv = [os.fsdecode(arg) for arg in f.read().split(b"\0")]
         except OSError:
             continue
         at = argv.index(CHILD_PROGRAM) + 1 if CHILD_PROGRAM in argv else len(argv)
         if at < len(argv) and os.path.realpath(argv[at]) == root:
-            pids.append(int(entry))
+            pids.append(pid)
     return pids
+
+
+def _pids() -> list[int]:
+    """Every process's id, from /proc's numbered entries."""
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
 
 
 def wait_for_writers(root: str, timeout: float = 30.0) -> bool:
