@@ -40,6 +40,13 @@ class ErrorPolicy:
         """True if ``exc`` goes to the caller rather than disabling the hook."""
         return self.strict or isinstance(exc, ALWAYS_RAISED) or (user_facing and isinstance(exc, MltraceError))
 
+    def failed(self, exc: Exception, where: str, user_facing: bool = False) -> None:
+        """What an exception escaping ``where`` does: raised again if it goes to the caller
+        (see must_raise), else it disables the hook."""
+        if self.must_raise(exc, user_facing):
+            raise exc
+        self.disable(f"{where}: {type(exc).__name__}: {exc}")
+
     def disable(self, reason: str) -> None:
         """Stop saving for the rest of the run (training goes on; what was written stays)."""
         if self.disabled:
@@ -80,9 +87,7 @@ def guarded(default: Any = None, *, user_facing: bool = False) -> Callable[[F], 
             try:
                 return fn(self, *args, **kwargs)
             except Exception as exc:
-                if policy.must_raise(exc, user_facing):
-                    raise
-                policy.disable(f"{fn.__qualname__}: {type(exc).__name__}: {exc}")
+                policy.failed(exc, fn.__qualname__, user_facing)
                 return default
 
         return wrapper  # type: ignore[return-value]

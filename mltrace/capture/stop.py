@@ -25,7 +25,8 @@ class StopSignal:
         self._storage = storage
         local = storage.local_path(paths.STOP_SIGNAL_FILE) is not None
         self.interval = interval if interval is not None else (1.0 if local else 5.0)
-        self._next_look = 0.0
+        #: When (time.monotonic) poll looks next; before that it only answers from memory.
+        self.next_look = 0.0
         #: The signal's content once a rule asked to stop, else None.
         self.requested: dict[str, Any] | None = None
         #: Look for dump requests too (the hook has a flight recorder); requests older than
@@ -41,9 +42,9 @@ class StopSignal:
         if self.requested is not None:
             return True
         now = time.monotonic()
-        if now < self._next_look:
+        if now < self.next_look:
             return False
-        self._next_look = now + self.interval
+        self.next_look = now + self.interval
         if self.watch_dump_requests:
             self._look_for_dump_request()
         try:  # one read, not a look and a read (a round trip each on S3)

@@ -306,8 +306,8 @@ class TorchAdapter(Adapter):
             for model in self.modules for pname, _ in model.named_parameters())
         self._gradient_hooks(False)
         self._gradients.clear()
-        for module in self.modules:
-            self._install_tensor_hooks(module)
+        for module, entry in zip(self.modules, self.entries):
+            self._install_tensor_hooks(module, entry)
 
     # -- attaching to PyTorch ---------------------------------------------------------------------
     def register_module(self, module: torch.nn.Module, root: str | None = None) -> None:
@@ -335,9 +335,8 @@ class TorchAdapter(Adapter):
         # on what torch.compile returned it is called eagerly anyway; on a plain model that is
         # compiled later it must be kept out of the trace.
         outside = (lambda fn: fn) if module is not inner else eager_only
-        module.register_forward_pre_hook(outside(self._forward_pre_hook))
-        module.register_forward_hook(outside(self._after_forward))
-        self._install_tensor_hooks(inner)
+        module.register_forward_pre_hook(outside(self._boundary_callback()))
+        self._install_tensor_hooks(inner, module)
         assert self.hook is not None
         recording = self.hook.recording
         if recording is not None:  # a flight recorder's budget too small for one step raises
@@ -369,19 +368,24 @@ class TorchAdapter(Adapter):
             self._owned.append(module)
         self.names[id(module)] = name
 
-    def _install_tensor_hooks(self, module: torch.nn.Module) -> None:
-        """Forward hooks on submodules and gradient hooks on parameters. Before the first step
-        all are installed; once collections are prepared, only those whose tensors some saved
+    def _install_tensor_hooks(self, module: torch.nn.Module, entry: torch.nn.Module) -> None:
+        """Forward hooks on submodules and gradient hooks on parameters of a registered model
+        (``entry``: what the script calls, maybe compiled). Before the first step all are
+        installed; once collections are prepared, only those whose tensors some saved
         collection can match stay (a hook that fires every step costs even when it saves nothing)."""
         assert self.hook is not None
         plan = self.hook.plan
         root = self.names[id(module)]
+        io_hooks = len(self._handles)
         for sub in module.modules():
             name = self.names[id(sub)]
             if plan.prepared and not self._may_save_io(name):
                 continue
             io_hook = self._io_hook(name)
             self._handles.append(sub.register_forward_hook(eager_only(io_hook) if sub is module else io_hook))
+        if len(self._handles) > io_hooks:  # what they record inside a compiled forward is saved after it
+            self._handles.append(entry.register_forward_hook(
+                eager_only(self._after_forward) if entry is module else self._after_forward))
         if self.step_boundary != "forward":
             return  # gradients are read at the optimizer step
         added = []
@@ -449,6 +453,28 @@ class TorchAdapter(Adapter):
                    for suffix in ("_input_", "_output_") for i in range(4))
 
     # -- callbacks from PyTorch -------------------------------------------------------------------
+    def _boundary_callback(self) -> Callable[[torch.nn.Module, Any], None]:
+        """The registered model's forward pre-hook. With a step per forward, a quiet step takes
+        the hook's quiet lane (mltrace.capture.quiet) in one call from here; every other step
+        goes through _forward_pre_hook, as do the calls of other models and activation
+        checkpointing's re-runs, which the lane leaves alone."""
+        hook = self.hook
+        if hook is None or self.step_boundary != "forward":
+            return self._forward_pre_hook
+        lane, full, errors, entries = hook.take_quiet_step, self._forward_pre_hook, self.errors, self.entries
+
+        def on_forward_pre(module: torch.nn.Module, inputs: Any) -> None:
+            try:
+                if (module is entries[0] and not errors.disabled and not self._sharded_saves
+                        and not in_backward() and lane()):
+                    return
+            except Exception as exc:  # noqa: BLE001 - as guarded() does: the hook stops, not training
+                errors.failed(exc, "the quiet lane")
+                return
+            full(module, inputs)
+
+        return on_forward_pre
+
     @guarded()
     def _forward_pre_hook(self, module: torch.nn.Module, inputs: Any) -> None:
         hook = self.hook
