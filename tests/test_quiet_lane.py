@@ -38,16 +38,20 @@ def _count_full_boundaries(hook: smd.Hook, monkeypatch: pytest.MonkeyPatch) -> l
     return full
 
 
+def _train_with_loss(hook: smd.Hook, steps: int) -> None:
+    """Register a model and its loss module with ``hook``, train, and close the hook."""
+    model, loss_fn = make_model(), nn.MSELoss()
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    train(model, hook, steps, loss_fn=loss_fn)
+    hook.close()
+
+
 def test_quiet_steps_take_the_lane_and_the_trial_is_the_same(tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     hook = _hook(tmp_path / "lane", 25, stop_check_interval=3600)  # one look, at step 0
     full = _count_full_boundaries(hook, monkeypatch)
-    model = make_model()
-    hook.register_module(model)
-    loss_fn = nn.MSELoss()
-    hook.register_loss(loss_fn)
-    train(model, hook, 120, loss_fn=loss_fn)
-    hook.close()
+    _train_with_loss(hook, 120)
     assert hook.step == 119
     # Steps 0, 25, 50, 75, 100 save. Each is decided in full, and so are the two after it: the
     # first ends the saved step, the second (nothing open any more) counts the quiet steps
@@ -56,12 +60,7 @@ def test_quiet_steps_take_the_lane_and_the_trial_is_the_same(tmp_path: Path,
 
     reference = _hook(tmp_path / "full", 25)
     reference.take_quiet_step = lambda: False  # every boundary the full way
-    model = make_model()
-    reference.register_module(model)
-    loss_fn = nn.MSELoss()
-    reference.register_loss(loss_fn)
-    train(model, reference, 120, loss_fn=loss_fn)
-    reference.close()
+    _train_with_loss(reference, 120)
 
     lane, ref = create_trial(str(tmp_path / "lane")), create_trial(str(tmp_path / "full"))
     assert lane.steps() == ref.steps() == [0, 25, 50, 75, 100]
