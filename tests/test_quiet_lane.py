@@ -159,3 +159,19 @@ def test_no_forward_hook_stays_on_a_model_whose_outputs_are_not_saved(tmp_path: 
     assert not any(m._forward_hooks for m in list(model.modules())[1:])
     hook.close()
     assert create_trial(str(tmp_path / "outputs")).tensor("Sequential_output_0").steps() == [0]
+
+
+def test_what_torch_compile_returned_gets_the_boundary_in_its_forward_not_a_hook(tmp_path: Path) -> None:
+    """The compiled wrapper's call keeps torch's hook-less fast path: the boundary wraps the
+    compiled call torch keeps in its ``forward`` attribute, and steps are counted and saved."""
+    torch._dynamo.reset()
+    hook = _hook(tmp_path, 5)
+    compiled = torch.compile(make_model(), backend="aot_eager")
+    hook.register_module(compiled)
+    train(compiled, hook, 12)
+    hook.close()
+    assert not compiled._forward_pre_hooks and not compiled._forward_hooks
+    assert hook.step == 11
+    trial = create_trial(str(tmp_path))
+    assert trial.tensor("gradient/Sequential_0.weight").steps() == [0, 5, 10]
+    torch._dynamo.reset()
