@@ -13,15 +13,21 @@ before compiling, is one graph break (see bench/README.md).
 - ``eager``: the model not compiled, no hook (for scale).
 
 The hook saves weights, biases, gradients and losses every ``--interval`` steps (100). For each
-variant the compile (first steps) is a warm-up and is not timed; TorchDynamo's counters are read
-after it: graph breaks and unique graphs. Then ``--runs`` measured runs are interleaved across
-the variants (run k of each in turn), each a fresh model and hook compiled afresh (TorchDynamo
-does not guard on module hooks: a graph cached for another copy of the model would skip the new
-copy's hooks; the bench checks the hook counted every step) that first takes 5 untimed steps
-(the compile) and then times ``--steps`` steps plus ``hook.close()``; the
-median ms/step is reported with its ratio to ``compiled``. One thread (bench/README.md protocol).
+variant a fresh compile is made first, untimed; TorchDynamo's counters are read after it: graph
+breaks and unique graphs. Then, with ``--protocol blocks`` (the default), the four variants are
+made once and stay alive, and ``--blocks`` (40) rounds each time ``--interval`` steps of every
+variant in turn, the order alternating: a block holds exactly one saving step, so its time is
+the step time at that interval, and each variant's ratio is taken within a round against the
+compiled model's block (the "paired" column; the compiled baseline itself moves by a few
+percent between processes and compiles, which a run-per-process protocol cannot pair away).
+``hook.close()`` is timed apart. With ``--protocol runs`` (the protocol of earlier tables),
+``--runs`` runs are interleaved across the variants, each a fresh model and hook compiled
+afresh, 5 untimed steps and then ``--steps`` timed steps plus ``hook.close()``. Either way the
+bench checks the hook counted every step (TorchDynamo does not guard on module hooks: a graph
+cached for another copy of the model would skip the new copy's hooks). One thread
+(bench/README.md protocol).
 
-Run: ``.venv/bin/python bench/pytorch_compile.py [--steps 300] [--runs 5] [--backend inductor]``
+Run: ``.venv/bin/python bench/pytorch_compile.py [--blocks 40] [--protocol runs --runs 5 --steps 300]``
 Writes bench/results/pytorch_compile.json.
 """
 
@@ -153,6 +159,48 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "load": os.getloadavg(), "torch": torch.__version__}
 
 
+def measure_blocks(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``blocks`` protocol: every variant alive at once, then ``--blocks`` rounds, each
+    timing ``--interval`` steps of every variant in turn (the order alternating). A block holds
+    exactly one saving step, so its time is the step time at that interval; a variant's ratio
+    is taken per round, against the compiled model's block of the same round. Graph counts come
+    from a fresh compile of each variant first. ``close`` is timed once per variant, apart."""
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(1)
+    data = [(torch.randn(BATCH, args.width, generator=gen), torch.randn(BATCH, 1, generator=gen))
+            for _ in range(args.interval)]
+    work = tempfile.mkdtemp(prefix="mltrace-compile-bench-")
+    compile_info: dict[str, dict[str, int]] = {}
+    for variant in VARIANTS:  # each compiled afresh, for its graph counts
+        torch._dynamo.reset()
+        counters.clear()
+        run = Run(variant, args.width, args.interval, args.backend, f"{work}/{variant}-graphs", args.model)
+        for x, y in data[:WARM_STEPS]:
+            run.step(x, y)
+        run.close()
+        compile_info[variant] = {"graph_breaks": sum(counters["graph_break"].values()),
+                                 "unique_graphs": counters["stats"]["unique_graphs"]}
+    torch._dynamo.reset()
+    runs = {v: Run(v, args.width, args.interval, args.backend, f"{work}/{v}", args.model) for v in VARIANTS}
+    for run in runs.values():  # the compile, then one untimed block
+        for x, y in data[:WARM_STEPS] + data:
+            run.step(x, y)
+    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    for k in range(args.blocks):
+        for variant in VARIANTS if k % 2 else tuple(reversed(VARIANTS)):
+            run = runs[variant]
+            start = time.perf_counter()
+            for x, y in data:
+                run.step(x, y)
+            times[variant].append(1000 * (time.perf_counter() - start) / args.interval)
+    close_ms = {v: 1000 * _timed(runs[v].close) for v in VARIANTS}
+    for variant, run in runs.items():
+        if run.hook is not None and run.hook.step != WARM_STEPS + args.interval * (args.blocks + 1) - 1:
+            raise RuntimeError(f"{variant}: the hook counted {run.hook.step + 1} steps; its callbacks did not all run")
+    return {"ms_per_step": times, "compile": compile_info, "close_ms": close_ms, "args": vars(args),
+            "load": os.getloadavg(), "torch": torch.__version__}
+
+
 def table(result: dict[str, Any]) -> str:
     """The medians, their ratio to ``compiled``, and the median of the runs' own ratios (run k
     of a variant over run k of ``compiled``, measured next to each other: the steadier one)."""
@@ -178,10 +226,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", choices=("mlp", "sequential"), default="mlp")
     parser.add_argument("--interval", type=int, default=100)
     parser.add_argument("--backend", default="inductor")
+    parser.add_argument("--protocol", choices=("blocks", "runs"), default="blocks",
+                        help="blocks: variants alive at once, interleaved blocks of --interval steps; "
+                             "runs: a fresh model, hook and compile per run of --steps steps")
+    parser.add_argument("--blocks", type=int, default=40)
     args = parser.parse_args(argv)
     torch._dynamo.config.cache_size_limit = 64  # the variants compile the same code several times
-    result = measure(args)
+    result = measure_blocks(args) if args.protocol == "blocks" else measure(args)
     print(table(result))
+    if "close_ms" in result:
+        print("close: " + ", ".join(f"{v} {ms:.2f} ms" for v, ms in result["close_ms"].items()))
     print(f"load average {result['load']}, torch {result['torch']}, backend {args.backend}, "
           f"model {args.model}")
     os.makedirs(os.path.join(os.path.dirname(__file__), "results"), exist_ok=True)

@@ -1,9 +1,10 @@
 """What the PyTorch adapter needs to stay out of ``torch.compile``'s way.
 
-- Step-boundary callbacks (the registered model's forward pre-hook and forward hook) run eagerly:
-  they are wrapped with ``torch.compiler.disable``, so TorchDynamo never traces them, whether the
-  model was registered before or after ``torch.compile``. They are called from
-  ``Module.__call__``, outside the compiled region, so skipping them costs no graph break.
+- Step-boundary callbacks run eagerly. On a plain model (maybe compiled later) they are forward
+  hooks wrapped with ``torch.compiler.disable``, so TorchDynamo never traces them; they are
+  called from ``Module.__call__``, outside the compiled region, so skipping them costs no graph
+  break. On what ``torch.compile`` returned, the boundary runs before the compiled call in the
+  wrapper's ``forward`` attribute, outside Dynamo too (see TorchAdapter._attach_boundary).
 - Module inputs and outputs inside a compiled region are recorded by a *traceable* forward hook:
   on a save step it appends detached tensors to a buffer; Dynamo guards on one boolean
   (``TracedIO.active``), so a compiled region has at most two graph variants (a save step and a
