@@ -175,3 +175,18 @@ def test_what_torch_compile_returned_gets_the_boundary_in_its_forward_not_a_hook
     trial = create_trial(str(tmp_path))
     assert trial.tensor("gradient/Sequential_0.weight").steps() == [0, 5, 10]
     torch._dynamo.reset()
+
+
+def test_steps_the_flight_recorder_records_take_the_lane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recorder's boundary (its step's end, the next one's begin) is done in the lane too;
+    what it records is checked against full boundaries in tests/test_flight_recorder.py."""
+    hook = _hook(tmp_path, 1000, stop_check_interval=3600,
+                 flight_recorder=smd.FlightRecorderConfig(steps=10, collections=["gradients"]))
+    full = _count_full_boundaries(hook, monkeypatch)
+    model = make_model()
+    hook.register_module(model)
+    train(model, hook, 60)
+    assert hook.recorder is not None and len(hook.recorder.ring) == 10
+    hook.close()
+    # step 0 saves; 1 ends it and counts the recorder's next steps ahead (at most 100)
+    assert full == [0, 1], full

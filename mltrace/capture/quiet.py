@@ -10,9 +10,13 @@ the interpreter's caches cold. On a 0.3-ms PyTorch step that was 3% of the step
 common case and refuses everything else, which then goes the full way:
 
 - a step of another mode than the one the quiet steps were counted for (``set_mode`` between);
-- a step the flight recorder records (``Hook.recording_only``: the recorder's own boundary);
 - a look for a rule's stop signal due (``StopSignal.poll``, about once a second), or a request
-  already seen.
+  already seen;
+- a flight recorder that stopped for good (max_dumps, its budget).
+
+A step the flight recorder records (``Hook.recording_only``) takes the lane too: the lane ends
+the recorded step and begins the next as ``Hook.begin_step`` does (``Recording.end_quiet_step``,
+``begin_quiet_step``).
 """
 
 from __future__ import annotations
@@ -33,12 +37,18 @@ def quiet_lane(hook: Hook) -> Callable[[], bool]:
     monotonic = time.monotonic
 
     def take() -> bool:
-        if (clock.quiet <= 0 or clock.mode is not clock.step_mode or hook.recording_only is not None
-                or stop.requested is not None or monotonic() >= stop.next_look):
+        if (clock.quiet <= 0 or clock.mode is not clock.step_mode or stop.requested is not None
+                or monotonic() >= stop.next_look):
+            return False
+        only = hook.recording_only
+        if only is not None and not only.end_quiet_step(hook.outputs, hook.writer, ended=hook.step_written):
+            clock.quiet = 0  # the recorder stopped: the next step is decided in full
             return False
         clock.quiet -= 1
         clock.advance()
-        hook.step_written = hook.step_active = False
+        hook.step_written, hook.step_active = False, only is not None
+        if only is not None:
+            only.begin_quiet_step(clock)
         return True
 
     return take
