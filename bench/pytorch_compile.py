@@ -118,12 +118,17 @@ def _timed(fn: Callable[[], None]) -> float:
     return time.perf_counter() - start
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
+def _setup(width: int, steps: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], str]:
+    """One thread, ``steps`` batches of seeded data, and a fresh folder for the trials."""
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(1)
-    data = [(torch.randn(BATCH, args.width, generator=gen), torch.randn(BATCH, 1, generator=gen))
-            for _ in range(args.steps)]
-    work = tempfile.mkdtemp(prefix="mltrace-compile-bench-")
+    data = [(torch.randn(BATCH, width, generator=gen), torch.randn(BATCH, 1, generator=gen))
+            for _ in range(steps)]
+    return data, tempfile.mkdtemp(prefix="mltrace-compile-bench-")
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    data, work = _setup(args.width, args.steps)
     compile_info: dict[str, dict[str, int]] = {}
     times: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for k in range(args.runs + 1):  # run 0 compiles and is the warm-up
@@ -165,11 +170,7 @@ def measure_blocks(args: argparse.Namespace) -> dict[str, Any]:
     exactly one saving step, so its time is the step time at that interval; a variant's ratio
     is taken per round, against the compiled model's block of the same round. Graph counts come
     from a fresh compile of each variant first. ``close`` is timed once per variant, apart."""
-    torch.set_num_threads(1)
-    gen = torch.Generator().manual_seed(1)
-    data = [(torch.randn(BATCH, args.width, generator=gen), torch.randn(BATCH, 1, generator=gen))
-            for _ in range(args.interval)]
-    work = tempfile.mkdtemp(prefix="mltrace-compile-bench-")
+    data, work = _setup(args.width, args.interval)
     compile_info: dict[str, dict[str, int]] = {}
     for variant in VARIANTS:  # each compiled afresh, for its graph counts
         torch._dynamo.reset()
