@@ -3,7 +3,6 @@ copies and on-device reductions of torch tensors (see mltrace.capture.adapter fo
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 from collections.abc import Callable
@@ -464,7 +463,8 @@ class TorchAdapter(Adapter):
             entry.register_forward_pre_hook(boundary if entry is not inner else eager_only(boundary))
             return
 
-        @functools.wraps(compiled_call)
+        # not functools.wraps: it would copy TorchDynamo's marks (``_torchdynamo_orig_callable``)
+        # from the compiled call, and code that follows them would skip the boundary
         def forward_after_boundary(*args: Any, **kwargs: Any) -> Any:
             boundary(entry, args)
             return compiled_call(*args, **kwargs)
