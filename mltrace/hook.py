@@ -220,15 +220,7 @@ class Hook:
         """Close the previous step and start the next one: adapters call this at a step boundary.
         ``step`` (optional) sets the global and the mode's step to that number instead of counting
         up by one (as smdebug's XGBoost hook does); it must be above the current step."""
-        only = self.recording_only  # a step that only recorded ends first
-        if (only is not None and self.clock.quiet > 0
-                and not only.end_quiet_step(self.outputs, self.writer, ended=self.step_written)):
-            self.clock.quiet = 0  # the recorder stopped: the next step is decided in full
-        if self.clock.skip_quiet(step):  # most steps: only counted (or recorded: see Recording)
-            self.step_written, self.step_active = False, only is not None
-            self.stop.poll()
-            if only is not None:
-                only.begin_quiet_step(self.clock)
+        if self.take_quiet_step(step, look=True):  # most steps: only counted (or recorded)
             return
         idle, self.clock.quiet = self.clock.counts_to(step) and self._idle(), 0
         if not idle:

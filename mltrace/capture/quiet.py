@@ -2,16 +2,17 @@
 
 Most boundaries of a training with a save interval are quiet ones (``StepClock.quiet`` counts
 them ahead, from ``SavePlan.quiet_steps``): nothing is due, nothing is watched, and the hook only
-counts the step. ``Hook.begin_step`` does that too, but a framework's step callback reaches it
-through about ten Python calls (error policy, the adapter's checks, the hook's, the clock's, the
-stop signal's), and in place each costs about a microsecond: the model's kernels have just left
-the interpreter's caches cold. On a 0.3-ms PyTorch step that was 3% of the step
-(bench/README.md, "A quiet lane"). The lane is one function over the same state that takes the
-common case and refuses everything else, which then goes the full way:
+counts the step. ``Hook.begin_step`` takes the lane first, but a framework's step callback
+reaches it through about ten Python calls (error policy, the adapter's checks, the hook's), and
+in place each costs about a microsecond: the model's kernels have just left the interpreter's
+caches cold. On a 0.3-ms PyTorch step that was 3% of the step (bench/README.md, "A quiet
+lane"). So a callback that runs at every step (the PyTorch model's pre-hook) calls the lane
+itself, and ``Hook.begin_step`` only where the lane refuses, which it does for everything but
+the common case:
 
 - a step of another mode than the one the quiet steps were counted for (``set_mode`` between);
 - a look for a rule's stop signal due (``StopSignal.poll``, about once a second), or a request
-  already seen;
+  already seen (``Hook.begin_step`` asks with ``look=True``: the lane then looks itself);
 - a flight recorder that stopped for good (max_dumps, its budget).
 
 A step the flight recorder records (``Hook.recording_only``) takes the lane too: the lane ends
@@ -29,24 +30,30 @@ if TYPE_CHECKING:
     from mltrace.hook import Hook
 
 
-def quiet_lane(hook: Hook) -> Callable[[], bool]:
-    """A function that begins the next step of ``hook`` and returns True if it is a quiet one
-    that needs nothing else (see the module's docstring); else it changes nothing and returns
-    False, and the caller calls ``hook.begin_step()``."""
+def quiet_lane(hook: Hook) -> Callable[..., bool]:
+    """A function ``take(step=None, look=False)`` that begins the next step of ``hook`` and
+    returns True if it is a quiet one that needs nothing else (see the module's docstring);
+    else it changes nothing (but end a recorded step whose recorder stopped) and returns False,
+    and the step goes the full way. ``step``: the caller's step number (see
+    ``StepClock.counts_to``); ``look``: look for the stop signal here instead of refusing when a
+    look is due."""
     clock, stop = hook.clock, hook.stop
     monotonic = time.monotonic
 
-    def take() -> bool:
-        if (clock.quiet <= 0 or clock.mode is not clock.step_mode or stop.requested is not None
-                or monotonic() >= stop.next_look):
+    def take(step: int | None = None, look: bool = False) -> bool:
+        if (clock.quiet <= 0 or clock.mode is not clock.step_mode
+                or (step is not None and not clock.counts_to(step))):
+            return False
+        if not look and (stop.requested is not None or monotonic() >= stop.next_look):
             return False
         only = hook.recording_only
         if only is not None and not only.end_quiet_step(hook.outputs, hook.writer, ended=hook.step_written):
             clock.quiet = 0  # the recorder stopped: the next step is decided in full
             return False
-        clock.quiet -= 1
-        clock.advance()
+        clock.skip_quiet(step)
         hook.step_written, hook.step_active = False, only is not None
+        if look:
+            stop.poll()
         if only is not None:
             only.begin_quiet_step(clock)
         return True
