@@ -23,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -49,6 +49,10 @@ logger = logging.getLogger("mltrace.flight_recorder")
 _CHECK_ITEMS = (("min", False), ("max", False))
 _SCALAR_ITEMS: ReductionItems = [("mean", False)]
 _COUNTS = ("nan_count", "inf_count")
+#: how a recorded tensor is kept (FlightRecorder._kind): its reductions alone, with a raw copy,
+#: as a scalar collection's value, as a loss (a scalar watched for spikes)
+_PLAIN, _RAW, _SCALAR, _LOSS = "plain", "raw", "scalar", "loss"
+_UNKNOWN = "unknown"  # not looked up yet
 
 
 @dataclass(slots=True)
@@ -71,10 +75,13 @@ class _Step:
     mode: ModeKeys
     mode_step: int
     wall_time: float
-    tensors: list[_Tensor] = field(default_factory=list)
+    #: in the order they came: a plain tensor (the recorder's reductions, no raw copy) by its
+    #: name alone, anything else as a _Tensor; :meth:`FlightRecorder._layout` makes all _Tensors
+    tensors: list[_Tensor | str] = field(default_factory=list)
     #: the adapter's handles of the tensors' reductions (on their device until moved)
     started: list[Any] = field(default_factory=list)
     size: int = 0  # reductions so far
+    plain: int = 0  # tensors kept by name alone
     #: a prefix of tensors whose non-finite values are expected this step (a loss scaler
     #: skipped the step because of them)
     excused: str | None = None
@@ -104,14 +111,20 @@ class FlightRecorder:
         self._check_positions = [i for i, item in enumerate(self.items) if item in _CHECK_ITEMS]
         self._reduce = adapter.reducer(self.items)
         self._reduce_scalar = adapter.reducer(_SCALAR_ITEMS)
-        self._tensor_bytes = entry_bytes(len(self.items))
+        self._width = len(self.items)
+        self._tensor_bytes = entry_bytes(self._width)
         #: the recorded collections, resolved by :meth:`resolve` when the hook prepares
         self.collections: frozenset[Collection] = frozenset()
         #: the collections a tensor name belongs to (the hook's plan sets it; see :meth:`keep`)
         self.collections_of: Callable[[str], Iterable[Collection]] = lambda name: ()
+        #: what changes when memberships do (the plan's ``members_version``): read at each
+        #: step's beginning, it keeps :meth:`keep`'s memo of names good
+        self.membership: Callable[[], int] = lambda: 0
+        self._how: dict[str, str | None] = {}  # name -> how keep() keeps it (see _kind)
+        self._membership = -1
         self.enabled = True
         self.ring: deque[_Step] = deque()
-        self._kinds: dict[str, tuple[Any, bool, bool, bool]] = {}  # name -> _kind(its colls)
+        self._kinds: dict[str, tuple[Any, str | None]] = {}  # name -> _kind(its colls)
         self.ring_bytes = 0
         self.current: _Step | None = None
         self.record = FlightRecord(worker)
@@ -143,6 +156,7 @@ class FlightRecorder:
             check_collections(names, known)
             colls = [known[n] for n in names]
         self.collections = frozenset(colls)
+        self._how.clear()
         return colls
 
     def check_budget(self, tensors: Iterable[tuple[str, int]],
@@ -168,6 +182,10 @@ class FlightRecorder:
     def begin_step(self, step: int, mode: ModeKeys, mode_step: int) -> None:
         """Start recording ``step``."""
         self.current = _Step(step, mode, mode_step, time.time()) if self.enabled else None
+        membership = self.membership()
+        if membership != self._membership:
+            self._how.clear()
+            self._membership = membership
 
     def records(self, colls: Iterable[Collection]) -> bool:
         """True if a tensor of ``colls`` is recorded this step."""
@@ -175,40 +193,85 @@ class FlightRecorder:
 
     def observe(self, name: str, value: Any, colls: Iterable[Collection]) -> None:
         """Keep ``value``'s reductions (and a copy, if raw) for the current step, if one of
-        ``colls`` is recorded. Whatever reads ``value`` happens now (it may change later).
-        Called for every recorded tensor of every step: kept to a few lines."""
+        ``colls`` is recorded. Whatever reads ``value`` happens now (it may change later)."""
         step = self.current
         if step is None:
             return
         kind = self._kinds.get(name)
         if kind is None or kind[0] is not colls:  # the plan memoizes colls per name
             kind = self._kinds[name] = self._kind(colls)
-        if not kind[1]:
-            return
-        if kind[2]:
-            if self.adapter.recordable(value):
-                self._observe_scalar(step, name, value, kind[3])
-            return
-        try:
-            started = self._reduce(value)  # None: not a value the recorder can keep
-        except MltraceTypeError as exc:  # e.g. a quantized tensor: not recorded, said once
-            self.adapter.warn_once(f"recorder:{name}", "flight recorder: not recording %s: %s", name, exc)
-            return
-        if started is not None:
-            self._keep_reductions(step, name, started, self.adapter.snapshot(value) if self.config.raw else None)
+        if kind[1] is _PLAIN:
+            self._keep_plain(step, name, value)
+        elif kind[1] is not None:
+            self._keep_other(step, name, value, kind[1])
 
     def keep(self, name: str, value: Any) -> None:
         """:meth:`observe` with ``name``'s collections looked up here (``collections_of``): what
         a framework callback calls directly on a step that only records (see
-        ``Hook.recording_only``), skipping the hook's saving path."""
-        self.observe(name, value, self.collections_of(name))
+        ``Hook.recording_only``), skipping the hook's saving path. It runs for every recorded
+        tensor of every step, so a plain tensor's way is written out here (each Python call
+        costs about a microsecond in place, next to a few for the reductions themselves), and
+        how a name is kept is remembered until memberships change (``membership``; a change
+        within a step counts from the next)."""
+        step = self.current
+        if step is None:
+            return
+        how = self._how.get(name, _UNKNOWN)
+        if how is _UNKNOWN:
+            how = self._how[name] = self._kind(self.collections_of(name))[1]
+        if how is not _PLAIN:
+            if how is not None:
+                self._keep_other(step, name, value, how)
+            return
+        try:
+            started = self._reduce(value)  # None: not a value the recorder can keep
+        except MltraceTypeError as exc:
+            self._not_reducible(name, exc)
+            return
+        if started is not None:
+            step.started.append(started)
+            step.tensors.append(name)
+            step.size += self._width
+            step.plain += 1
+
+    def _keep_plain(self, step: _Step, name: str, value: Any) -> None:
+        """Keep a tensor's reductions, as :meth:`keep` does."""
+        try:
+            started = self._reduce(value)
+        except MltraceTypeError as exc:
+            self._not_reducible(name, exc)
+            return
+        if started is not None:
+            step.started.append(started)
+            step.tensors.append(name)
+            step.size += self._width
+            step.plain += 1
+
+    def _not_reducible(self, name: str, exc: MltraceTypeError) -> None:
+        """A tensor with no reductions (e.g. a quantized one) is not recorded, said once."""
+        self.adapter.warn_once(f"recorder:{name}", "flight recorder: not recording %s: %s", name, exc)
+
+    def _keep_other(self, step: _Step, name: str, value: Any, how: str) -> None:
+        """A tensor kept with its raw copy (``_RAW``) or of a scalar collection (``_SCALAR``,
+        ``_LOSS``)."""
+        if how is not _RAW:
+            if self.adapter.recordable(value):
+                self._observe_scalar(step, name, value, how is _LOSS)
+            return
+        try:
+            started = self._reduce(value)
+        except MltraceTypeError as exc:
+            self._not_reducible(name, exc)
+            return
+        if started is not None:
+            self._keep_reductions(step, name, started, self.adapter.snapshot(value))
 
     def _keep_reductions(self, step: _Step, name: str, started: Any, raw: Any = None) -> None:
         """Add a tensor's reductions (the adapter's handle ``started``) and its raw copy, if
         any, to ``step``."""
         step.tensors.append(_Tensor(name, self.items, False, False, step.size, raw=raw))
         step.started.append(started)
-        step.size += len(self.items)
+        step.size += self._width
         step.nbytes += self._tensor_bytes + (self.adapter.nbytes(raw) if raw is not None else 0)
 
     def excuse_gradients(self, prefix: str) -> None:
@@ -223,18 +286,23 @@ class FlightRecorder:
         shape and dtype); more are reduced like any tensor."""
         shape, dtype = self.adapter.shape_and_dtype(value)
         if not all(d == 1 for d in shape):
-            self._keep_reductions(step, name, self._reduce(value))
+            self._keep_plain(step, name, value)
             return
         step.tensors.append(_Tensor(name, _SCALAR_ITEMS, True, loss, step.size, shape, dtype))
         step.started.append(self._reduce_scalar(value))
         step.size += 1
         step.nbytes += entry_bytes(1)
 
-    def _kind(self, colls: Any) -> tuple[Any, bool, bool, bool]:
-        """(colls, recorded, of a scalar collection, of the losses collection)."""
+    def _kind(self, colls: Any) -> tuple[Any, str | None]:
+        """(colls, how a tensor of ``colls`` is kept: None if it is not recorded)."""
         recorded = [c for c in colls if c in self.collections]
-        return (colls, bool(recorded), any(c.name in SCALAR_COLLECTIONS for c in recorded),
-                any(c.name == CollectionKeys.LOSSES for c in recorded))
+        if not recorded:
+            return colls, None
+        if any(c.name == CollectionKeys.LOSSES for c in recorded):
+            return colls, _LOSS
+        if any(c.name in SCALAR_COLLECTIONS for c in recorded):
+            return colls, _SCALAR
+        return colls, _RAW if self.config.raw else _PLAIN
 
     def end_step(self, write_current: Callable[[list[tuple[str, np.ndarray]]], None],
                  saved: bool = False) -> None:
@@ -249,6 +317,7 @@ class FlightRecorder:
             return
         with self._lock:
             self._last = step
+            step.nbytes += step.plain * self._tensor_bytes
             if step.started:
                 step.started = self.adapter.pack_reductions(step.started)
             if self.config.nonfinite or self.config.loss_spike is not None:
@@ -368,7 +437,7 @@ class FlightRecorder:
             return None
         flat = self._to_host(step)
         bad = []
-        for position, tensor in enumerate(step.tensors):
+        for position, tensor in enumerate(self._layout(step)):
             if step.excused is not None and tensor.name.startswith(step.excused):
                 continue
             checked = [tensor.offset] if tensor.scalar else [tensor.offset + i for i in self._check_positions]
@@ -387,7 +456,7 @@ class FlightRecorder:
             return None
         found = None
         for tensor in step.tensors:
-            if not tensor.loss or step.flat is None:
+            if isinstance(tensor, str) or not tensor.loss or step.flat is None:
                 continue
             value = float(step.flat[tensor.offset])
             # per mode: an evaluation's loss is not a spike of the training loss
@@ -440,11 +509,18 @@ class FlightRecorder:
                 written.append(step.step)
         return written
 
+    def _layout(self, step: _Step) -> list[_Tensor]:
+        """The step's tensors as _Tensors (made once, when a check fails or the step is
+        written)."""
+        if step.plain:
+            step.tensors, step.plain = list(_layout_of(step, self.items)), 0
+        return cast(list[_Tensor], step.tensors)
+
     def _records(self, step: _Step) -> list[tuple[str, np.ndarray]]:
         """The (record name, value) pairs of a step, as the hook writes reductions and raw values."""
         flat = self._to_host(step)
         out: list[tuple[str, np.ndarray]] = []
-        for tensor in step.tensors:
+        for tensor in self._layout(step):
             if tensor.scalar:
                 out.append((tensor.name, np.asarray(flat[tensor.offset]).astype(
                     _numpy_dtype(tensor.dtype)).reshape(tensor.shape)))
@@ -456,6 +532,18 @@ class FlightRecorder:
                 out.append((reduction_tensor_name(tensor.name, red, abs_),
                             np.asarray(np.int64(value) if red in _COUNTS else np.float64(value))))
         return out
+
+
+def _layout_of(step: _Step, items: ReductionItems) -> list[_Tensor]:
+    """``step.tensors`` as _Tensors, a plain tensor's made here (with ``items``, at the offset
+    its place in the step gives it)."""
+    out: list[_Tensor] = []
+    offset = 0
+    for entry in step.tensors:
+        tensor = _Tensor(entry, items, False, False, offset) if isinstance(entry, str) else entry
+        out.append(tensor)
+        offset += len(tensor.items)
+    return out
 
 
 def _numpy_dtype(dtype: Any) -> Any:

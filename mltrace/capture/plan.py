@@ -64,6 +64,9 @@ class SavePlan:
         #: Names of tensors watched for NaN (SaveConfigMode.when_nan).
         self.nan_watch: frozenset[str] = frozenset()
         self._members: dict[str, tuple[Collection, ...]] = {}
+        #: Counts the changes of memberships (:meth:`forget`): a memo of its own kept by another
+        #: part (the flight recorder's) is good while this stays the same.
+        self.members_version = 0
         self._due: frozenset[Collection] = frozenset()
         self._warned_missing: set[str] = set()
         for coll in manager.get_collections().values():
@@ -112,7 +115,7 @@ class SavePlan:
         self.saved.append(coll)
         if coll not in self.watched:
             self.watched.append(coll)
-        self._members.clear()
+        self.forget()
         return True
 
     def add_tensor(self, name: str, collections: Iterable[str]) -> bool:
@@ -163,7 +166,7 @@ class SavePlan:
         """``watched``: the saved collections, then the recorded ones not saved; memberships
         are looked up afresh."""
         self.watched = self.saved + [c for c in self._recorded if c not in self.saved]
-        self._members.clear()
+        self.forget()
 
     def _check(self, name: str, coll: Collection, collections: dict[str, Collection]) -> None:
         if name not in self._builtin and not coll.include_regex and not coll.tensor_names:
@@ -207,6 +210,7 @@ class SavePlan:
 
     def forget(self, name: str | None = None) -> None:
         """Drop the memoized membership of ``name`` (of every tensor if None)."""
+        self.members_version += 1
         if name is None:
             self._members.clear()
         else:

@@ -53,6 +53,7 @@ class Recording:
     def __post_init__(self) -> None:
         self.recorder.on_dump = self._tell_sinks
         self.recorder.collections_of = self.plan.collections_of
+        self.recorder.membership = lambda: self.plan.members_version
         self.stop.watch_dump_requests = True
         if self.recorder.config.on_exception:
             watch_exceptions(self)

@@ -373,15 +373,17 @@ class TorchAdapter(Adapter):
         plan = self.hook.plan
         root = self.names[id(module)]
         io_hooks = len(self._handles)
+        root_hook = None
         for sub in module.modules():
             name = self.names[id(sub)]
             if plan.prepared and not self._may_save_io(name):
                 continue
-            io_hook = self._io_hook(name)
-            self._handles.append(sub.register_forward_hook(eager_only(io_hook) if sub is module else io_hook))
-        if len(self._handles) > io_hooks:  # what they record inside a compiled forward is saved after it
-            self._handles.append(entry.register_forward_hook(
-                eager_only(self._after_forward) if entry is module else self._after_forward))
+            if sub is module:
+                root_hook = self._io_hook(name)
+            else:
+                self._handles.append(sub.register_forward_hook(self._io_hook(name)))
+        if root_hook is not None or len(self._handles) > io_hooks:
+            self._install_root_hooks(module, entry, root_hook)
         if self.step_boundary != "forward":
             return  # gradients are read at the optimizer step
         added = []
@@ -394,6 +396,25 @@ class TorchAdapter(Adapter):
         if self._gradient_handles or not self.stepped:  # installed now; steps then decide
             for name, param in added:
                 self._hook_gradient(name, param)
+
+    def _install_root_hooks(self, module: torch.nn.Module, entry: torch.nn.Module,
+                            root_hook: Callable[[torch.nn.Module, Any, Any], None] | None) -> None:
+        """The registered model's own forward hooks: its outputs' (``root_hook``, if saved),
+        then the one saving what the traced hooks recorded inside a compiled forward. Both run
+        eagerly: Module.__call__ calls them outside the compiled region, so they are kept out
+        of TorchDynamo's reach. On a plain model they are one hook (one wrapper to pass through
+        on each forward); on what torch.compile returned, the drain goes on the wrapper."""
+        drain = self._after_forward
+        if entry is module and root_hook is not None:
+            def root_then_drain(mod: torch.nn.Module, inputs: Any, outputs: Any) -> None:
+                root_hook(mod, inputs, outputs)
+                drain(mod, inputs, outputs)
+
+            self._handles.append(module.register_forward_hook(eager_only(root_then_drain)))
+            return
+        if root_hook is not None:
+            self._handles.append(module.register_forward_hook(eager_only(root_hook)))
+        self._handles.append(entry.register_forward_hook(eager_only(drain) if entry is module else drain))
 
     def _gradient_hooks(self, on: bool) -> None:
         """Install the gradient hooks for a step that saves, remove them for one that does not.
@@ -430,16 +451,23 @@ class TorchAdapter(Adapter):
     def _gradient_callback(self, name: str) -> Callable[[torch.Tensor | None], None]:
         """What autograd calls with a parameter's gradient: on a step that saves nothing it
         returns after reading one flag (it runs for every parameter of every backward)."""
-        traced = self.traced
+        traced, errors = self.traced, self.errors
 
         def on_gradient(grad: torch.Tensor | None) -> None:
-            if traced.active:
-                if self._keep is not None and self.scaler is None:  # a step that only records
-                    self._record_gradient(name, grad)
-                else:
-                    self._on_gradient(name, grad)
-            elif not self.stepped:
-                self._warn_not_stepping()
+            if not traced.active:
+                if not self.stepped:
+                    self._warn_not_stepping()
+                return
+            keep = self._keep
+            if keep is None or self.scaler is not None:
+                self._on_gradient(name, grad)
+                return
+            # a step that only records (no loss scale to undo): straight to the recorder
+            if grad is not None and not errors.disabled:
+                try:
+                    keep(name, grad)
+                except Exception as exc:  # noqa: BLE001 - as guarded() does: the hook stops, not training
+                    errors.failed(exc, "recording a gradient")
 
         return on_gradient
 
@@ -565,6 +593,7 @@ class TorchAdapter(Adapter):
         # once the saved collections are fixed, only the side (inputs, outputs) some collection
         # can match is looked at: a module's inputs are the previous one's outputs, mostly
         inputs_too = not plan.prepared or any(plan.may_save(f"{name}_input_{i}") for i in range(4))
+        input_prefix, output_prefix, errors = name + "_input_", name + "_output_", self.errors
 
         def on_forward(module: torch.nn.Module, inputs: Any, outputs: Any) -> None:
             if not traced.active:  # a step that saves nothing (most steps)
@@ -575,10 +604,20 @@ class TorchAdapter(Adapter):
                 traced.buffer.append((name, "_input_", detached(inputs)))
                 traced.buffer.append((name, "_output_", detached(outputs)))
                 return
-            if self._keep is not None:  # a step that only records (flight recorder)
-                self._record_io(name, inputs if inputs_too else None, outputs)
+            keep = self._keep
+            if keep is None:
+                self._forward_hook(name, inputs if inputs_too else None, outputs)
                 return
-            self._forward_hook(name, inputs if inputs_too else None, outputs)
+            # a step that only records (flight recorder): the tensors go straight to it, named
+            # as save_io names them; not in backward (a checkpointed segment's re-run)
+            if errors.disabled or in_backward():
+                return
+            try:
+                if inputs_too:
+                    self._name_io(keep, input_prefix, inputs)
+                self._name_io(keep, output_prefix, outputs)
+            except Exception as exc:  # noqa: BLE001 - as guarded() does: the hook stops, not training
+                errors.failed(exc, "recording a module's outputs")
 
         return on_forward
 
@@ -591,32 +630,18 @@ class TorchAdapter(Adapter):
             self.save_io(name, "_input_", inputs)
         self.save_io(name, "_output_", outputs)
 
-    @guarded()
-    def _record_io(self, name: str, inputs: Any, outputs: Any) -> None:
-        """:meth:`_forward_hook` on a step that only records: the tensors go straight to the
-        flight recorder, named as :meth:`save_io` names them."""
-        keep = self._keep
-        if keep is None or in_backward():
-            return
-        if inputs is not None:
-            self._name_io(keep, name + "_input_", inputs)
-        self._name_io(keep, name + "_output_", outputs)
-
     def _name_io(self, take: Callable[[str, Any], None], prefix: str, value: Any) -> None:
         """Hand ``take`` each tensor in ``value`` as ``<prefix><i>``, counting on from the
         module's earlier calls this step."""
         index = self._io_index.get(prefix, 0)
+        if type(value) is torch.Tensor:  # most modules return one tensor
+            take(prefix + str(index), value)
+            self._io_index[prefix] = index + 1
+            return
         for tensor in tensors_in(value):
             take(prefix + str(index), tensor)
             index += 1
         self._io_index[prefix] = index
-
-    @guarded()
-    def _record_gradient(self, name: str, grad: torch.Tensor | None) -> None:
-        """:meth:`_on_gradient` on a step that only records (no loss scale to undo)."""
-        keep = self._keep
-        if keep is not None and grad is not None:
-            keep(name, grad)
 
     @guarded()
     def _on_gradient(self, name: str, grad: torch.Tensor | None) -> None:
