@@ -69,7 +69,7 @@ class _Tensor:
     raw: Any = None  # the adapter's snapshot, when raw copies are kept
 
 
-@dataclass
+@dataclass(slots=True)
 class _Step:
     step: int
     mode: ModeKeys

@@ -104,6 +104,11 @@ class Outputs:
             self.write_collections()
             self._collections_written = True
 
+    @property
+    def pending(self) -> bool:
+        """True if the step has something to write or an open file (a quiet step has neither)."""
+        return bool(self._reductions or self.pending_scalars or (self.writer is not None and self.writer.step_open))
+
     def write_pending(self) -> None:
         """Write the step's reductions and scalars into its file, which stays open."""
         if not self._clock.started or self.writer is None:

@@ -101,10 +101,16 @@ class Recording:
         """Close the step: the hook's own reductions are written first (the recorder's records
         skip them); a step the hook writes itself takes the recorder's records now (a dump must
         never write that step again: it would replace its file and lose what it saved); then a
-        dump that a trigger of this step asked for."""
-        outputs.write_pending()
-        self.recorder.end_step(outputs.write_records, saved=writer.step_open)
-        outputs.end_step()
+        dump that a trigger of this step asked for. A step that only recorded has nothing of the
+        hook's own (one check, instead of the calls that would each find nothing)."""
+        if not outputs.pending:
+            self.recorder.end_step(outputs.write_records)
+            if writer.step_open:  # the recorder wrote the step (one after a trigger)
+                outputs.end_step()
+        else:
+            outputs.write_pending()
+            self.recorder.end_step(outputs.write_records, saved=writer.step_open)
+            outputs.end_step()
         self.recorder.dump_pending(writer)
 
     def end_quiet_step(self, outputs: Outputs, writer: TrialWriter, ended: bool) -> bool:

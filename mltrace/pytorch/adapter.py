@@ -594,6 +594,7 @@ class TorchAdapter(Adapter):
         # can match is looked at: a module's inputs are the previous one's outputs, mostly
         inputs_too = not plan.prepared or any(plan.may_save(f"{name}_input_{i}") for i in range(4))
         input_prefix, output_prefix, errors = name + "_input_", name + "_output_", self.errors
+        first_output, io_index = output_prefix + "0", self._io_index
 
         def on_forward(module: torch.nn.Module, inputs: Any, outputs: Any) -> None:
             if not traced.active:  # a step that saves nothing (most steps)
@@ -615,7 +616,11 @@ class TorchAdapter(Adapter):
             try:
                 if inputs_too:
                     self._name_io(keep, input_prefix, inputs)
-                self._name_io(keep, output_prefix, outputs)
+                if type(outputs) is torch.Tensor and output_prefix not in io_index:
+                    io_index[output_prefix] = 1  # the module's first call this step
+                    keep(first_output, outputs)
+                else:
+                    self._name_io(keep, output_prefix, outputs)
             except Exception as exc:  # noqa: BLE001 - as guarded() does: the hook stops, not training
                 errors.failed(exc, "recording a module's outputs")
 
