@@ -38,8 +38,8 @@ from mltrace.pytorch.reductions import (
     QUANTILE_LIMIT,
     DeviceReductions,
     HostReductions,
-    fused_reductions,
     read_on_cpu,
+    recorder_reductions,
     stack_parts,
     start_reductions,
 )
@@ -175,27 +175,12 @@ class TorchAdapter(Adapter):
         """The flight recorder's per-tensor call, decided once: non-empty float tensors of the
         usual dtypes go straight to the fused kernels (a few microseconds of Python less per
         tensor than :meth:`recordable` and :meth:`reduce_on_device`, which handle everything
-        else)."""
+        else, as they do a median: torch has no fused one)."""
         canonical = [(canonical_name(n), a) for n, a in items]
-        names = [n for n, _ in canonical]
-        fused = fused_reductions(canonical)
         general = super().reducer(items)
-        plain = (torch.Tensor, torch.nn.Parameter)
-        direct = (torch.float32, torch.float64)
-        upcast = (torch.float16, torch.bfloat16)
-        median = "median" in names
-
-        def reduce(value: Any) -> Any:
-            if type(value) not in plain or median or not value.numel():
-                return general(value)
-            dtype = value.dtype
-            if dtype in direct:
-                return DeviceReductions(names, fused(value.detach()))
-            if dtype in upcast:
-                return DeviceReductions(names, fused(value.detach().float()))
-            return general(value)
-
-        return reduce
+        if any(n == "median" for n, _ in canonical):
+            return general
+        return recorder_reductions(canonical, general)
 
     def bins_on_device(self, value: Any) -> bool:
         """Tensors on an accelerator are binned there (see mltrace.pytorch.histograms)."""
