@@ -117,11 +117,8 @@ class FlightRecorder:
         self.collections: frozenset[Collection] = frozenset()
         #: the collections a tensor name belongs to (the hook's plan sets it; see :meth:`keep`)
         self.collections_of: Callable[[str], Iterable[Collection]] = lambda name: ()
-        #: what changes when memberships do (the plan's ``members_version``): read at each
-        #: step's beginning, it keeps :meth:`keep`'s memo of names good
-        self.membership: Callable[[], int] = lambda: 0
         self._how: dict[str, str | None] = {}  # name -> how keep() keeps it (see _kind)
-        self._membership = -1
+        self._membership = 0  # see begin_step
         self.enabled = True
         self.ring: deque[_Step] = deque()
         self._kinds: dict[str, tuple[Any, str | None]] = {}  # name -> _kind(its colls)
@@ -179,10 +176,10 @@ class FlightRecorder:
                 "collections" + (", or pass raw=False" if self.config.raw else ""))
 
     # -- each step ------------------------------------------------------------------------------
-    def begin_step(self, step: int, mode: ModeKeys, mode_step: int) -> None:
-        """Start recording ``step``."""
+    def begin_step(self, step: int, mode: ModeKeys, mode_step: int, membership: int = 0) -> None:
+        """Start recording ``step``. ``membership`` changes when the collections' memberships
+        do (the hook's plan counts them): :meth:`keep` then looks its names up again."""
         self.current = _Step(step, mode, mode_step, time.time()) if self.enabled else None
-        membership = self.membership()
         if membership != self._membership:
             self._how.clear()
             self._membership = membership
@@ -211,8 +208,8 @@ class FlightRecorder:
         ``Hook.recording_only``), skipping the hook's saving path. It runs for every recorded
         tensor of every step, so a plain tensor's way is written out here (each Python call
         costs about a microsecond in place, next to a few for the reductions themselves), and
-        how a name is kept is remembered until memberships change (``membership``; a change
-        within a step counts from the next)."""
+        how a name is kept is remembered until memberships change (see :meth:`begin_step`; a
+        change within a step counts from the next)."""
         step = self.current
         if step is None:
             return
@@ -320,11 +317,13 @@ class FlightRecorder:
             step.nbytes += step.plain * self._tensor_bytes
             if step.started:
                 step.started = self.adapter.pack_reductions(step.started)
-            if self.config.nonfinite or self.config.loss_spike is not None:
-                if self.config.loss_spike is not None:
+            config = self.config
+            spikes = config.loss_spike is not None
+            if config.nonfinite or spikes:
+                if spikes:
                     self._to_host(step)  # the loss's value is read on the host
-                first = self._check_nonfinite(step) if self.config.nonfinite else None
-                spike = self._check_loss_spike(step)
+                first = self._check_nonfinite(step) if config.nonfinite else None
+                spike = self._check_loss_spike(step) if spikes else None
                 if first is not None and self._armed:
                     self._armed = False
                     self._request("nonfinite", f"{first.tensor} held a NaN or an infinity at step "
@@ -347,6 +346,8 @@ class FlightRecorder:
     def dump_pending(self, writer: TrialWriter | None) -> bool:
         """Between steps (no step file open): write the ring's steps if a trigger is pending, and
         the record file if it changed; True if a dump happened."""
+        if self._pending is None and not self._record_changed:
+            return False  # most steps (read without the lock: a trigger it misses waits a step)
         with self._lock:
             if writer is None:
                 return False

@@ -53,7 +53,6 @@ class Recording:
     def __post_init__(self) -> None:
         self.recorder.on_dump = self._tell_sinks
         self.recorder.collections_of = self.plan.collections_of
-        self.recorder.membership = lambda: self.plan.members_version
         self.stop.watch_dump_requests = True
         if self.recorder.config.on_exception:
             watch_exceptions(self)
@@ -95,7 +94,7 @@ class Recording:
             asked = f"rule {request.rule}" if request.rule else "mltrace dump"
             self.recorder.trigger("rule" if request.rule else "manual",
                                   f"{asked} asked for a dump" + (f": {request.reason}" if request.reason else ""))
-        self.recorder.begin_step(step, mode, mode_step)
+        self.recorder.begin_step(step, mode, mode_step, self.plan.members_version)
 
     def end_step(self, outputs: Outputs, writer: TrialWriter) -> None:
         """Close the step: the hook's own reductions are written first (the recorder's records

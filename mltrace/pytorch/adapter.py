@@ -755,7 +755,8 @@ class TorchAdapter(Adapter):
         self.traced.active = self.hook.step_active
         only = self.hook.recording_only
         self._keep = only.recorder.keep if only is not None else None
-        self._gradient_hooks(self.hook.step_active)
+        if self.hook.step_active is not bool(self._gradient_handles):
+            self._gradient_hooks(self.hook.step_active)
 
     def _warn_not_stepping(self) -> None:
         """A gradient or module output arrived before any step began: the registered model's
