@@ -173,6 +173,9 @@ def _fused(items: list[tuple[str, bool]], other: Callable[[Any], Any] | None) ->
         rest = [(i, name) for i, (name, a) in enumerate(items) if a == abs_ and i not in done]
         groups.append((abs_, minmax, spread, rest))
     size = len(items)
+    # min and max alone (the recorder's cheapest setting: what its non-finite check reads) are
+    # one kernel whose results come in their order: no plan to walk
+    min_max = groups == [(False, (0, 1), None, [])]
 
     def reduce(t: Any) -> Any:
         if other is not None:
@@ -185,7 +188,11 @@ def _fused(items: list[tuple[str, bool]], other: Callable[[Any], Any] | None) ->
                 t = t.detach().float()
             else:
                 return other(t)
-        out: list[Any] = [None] * size
+        out: list[Any]
+        if min_max:
+            out = list(torch.aminmax(t))
+            return out if other is None else DeviceReductions(names, out)
+        out = [None] * size
         for abs_, minmax, spread, rest in groups:
             x = t.abs() if abs_ else t
             if minmax is not None:
