@@ -389,3 +389,32 @@ def test_a_module_called_twice_a_step_is_recorded_under_both_names(tmp_path):
         assert trial.tensor("lin_output_0").reduction_value(step, "max") == pytest.approx(first)
         assert trial.tensor("lin_output_1").reduction_value(step, "max") == pytest.approx(second)
     assert "lin_output_2" not in trial.tensor_names()  # counted from 0 again at every step
+
+
+def test_a_name_added_to_a_recorded_collection_during_training_is_recorded_from_the_next_step(tmp_path):
+    """The recorder remembers how it keeps each name (most steps look nothing up) until the
+    collections' memberships change: ``save_tensor(..., collections_to_write=...)`` adds a
+    module output to a recorded collection at step 3, and it is recorded from step 4 on."""
+    torch.manual_seed(0)
+    smd.get_collection("activations").include(r"^lin_output_1$")
+    hook = smd.Hook(out_dir=str(tmp_path / "run"), include_collections=["losses"],
+                    save_config=smd.SaveConfig(save_interval=500),
+                    flight_recorder=FlightRecorderConfig(steps=10, after_steps=1,
+                                                         collections=["activations"]))
+    model = _Twice()
+    hook.register_module(model)
+    x = torch.ones(2, 4)
+    for step in range(8):  # no optimizer: the weights stay as they are
+        model(x)
+        if step == 3:
+            hook.save_tensor("lin_output_0", torch.zeros(1), collections_to_write="activations")
+        if step == 6:
+            hook.dump_flight_recorder("look")
+    hook.close()
+    trial = create_trial(str(tmp_path / "run"))
+    assert trial.tensor("lin_output_1").steps() == list(range(8))
+    # step 3 holds the value saved by hand; the module's output is recorded from step 4 on
+    assert trial.tensor("lin_output_0").steps() == [3, 4, 5, 6, 7]
+    with torch.no_grad():
+        first = float(torch.nn.functional.linear(x, model.lin.weight, model.lin.bias).max())
+    assert trial.tensor("lin_output_0").reduction_value(5, "max") == pytest.approx(first)
