@@ -191,3 +191,26 @@ def test_steps_the_flight_recorder_records_take_the_lane(tmp_path: Path, monkeyp
     hook.close()
     # step 0 saves; 1 ends it and counts the recorder's next steps ahead (at most 100)
     assert full == [0, 1], full
+
+
+def test_a_loss_modules_inputs_are_saved_where_a_collection_asks_for_them(tmp_path: Path) -> None:
+    """A loss registered before the first step learns at its first saving step which of its
+    sides some collection can hold: here its inputs (the prediction and the target), on every
+    step, with their values."""
+    hook = smd.Hook(out_dir=str(tmp_path), save_config=smd.SaveConfig(save_interval=1),
+                    include_regex=[r"^MSELoss_input_\d$"])
+    model, loss_fn = nn.Linear(3, 1), nn.MSELoss()
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    x, y = torch.ones(2, 3), torch.full((2, 1), 7.0)
+    predictions = []
+    for _ in range(3):
+        prediction = model(x)
+        predictions.append(prediction.detach().clone())
+        loss_fn(prediction, y).backward()
+    hook.close()
+    trial = create_trial(str(tmp_path))
+    assert trial.tensor("MSELoss_input_1").steps() == [0, 1, 2]
+    for step, prediction in enumerate(predictions):
+        torch.testing.assert_close(torch.from_numpy(trial.tensor("MSELoss_input_0").value(step)), prediction)
+        assert (trial.tensor("MSELoss_input_1").value(step) == 7.0).all()

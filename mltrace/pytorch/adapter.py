@@ -575,13 +575,15 @@ class TorchAdapter(Adapter):
         traced = self.traced
         assert self.hook is not None
         plan = self.hook.plan
-        # once the saved collections are fixed, only the side (inputs, outputs) some collection
-        # can match is looked at: a module's inputs are the previous one's outputs, mostly
-        inputs_too = not plan.prepared or any(plan.may_save(f"{name}_input_{i}") for i in range(4))
+        # only the side (inputs, outputs) some collection can match is looked at: a module's
+        # inputs are the previous one's outputs, mostly. Decided again when the collections'
+        # memberships change (the first time once they are fixed, at the first step)
+        decided_at, inputs_too = -1, True
         input_prefix, output_prefix, errors = name + "_input_", name + "_output_", self.errors
         first_output, io_index = output_prefix + "0", self._io_index
 
         def on_forward(module: torch.nn.Module, inputs: Any, outputs: Any) -> None:
+            nonlocal decided_at, inputs_too
             if not traced.active:  # a step that saves nothing (most steps)
                 if not self.stepped and not compiling():
                     self._warn_not_stepping()
@@ -590,6 +592,9 @@ class TorchAdapter(Adapter):
                 traced.buffer.append((name, "_input_", detached(inputs)))
                 traced.buffer.append((name, "_output_", detached(outputs)))
                 return
+            if decided_at != plan.members_version and plan.prepared:
+                decided_at = plan.members_version
+                inputs_too = any(plan.may_save(f"{input_prefix}{i}") for i in range(4))
             keep = self._keep
             if keep is None:
                 self._forward_hook(name, inputs if inputs_too else None, outputs)
