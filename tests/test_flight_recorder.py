@@ -366,18 +366,29 @@ class _Twice(torch.nn.Module):
         return self.lin(torch.relu(self.lin(x)))
 
 
-def test_a_module_called_twice_a_step_is_recorded_under_both_names(tmp_path):
+def _recording_twice(out_dir: str, activations: str, steps: int) -> tuple[smd.Hook, _Twice]:
+    """A hook saving every 500 steps whose recorder keeps ``steps`` steps of the activations
+    (``activations``: their regex), on a registered _Twice."""
     torch.manual_seed(0)
-    smd.get_collection("activations").include(r"^lin_output_\d$")
-    hook = smd.Hook(out_dir=str(tmp_path / "run"), include_collections=["losses"],
+    smd.get_collection("activations").include(activations)
+    hook = smd.Hook(out_dir=out_dir, include_collections=["losses"],
                     save_config=smd.SaveConfig(save_interval=500),
-                    flight_recorder=FlightRecorderConfig(steps=5, after_steps=1,
+                    flight_recorder=FlightRecorderConfig(steps=steps, after_steps=1,
                                                          collections=["activations"]))
     model = _Twice()
     hook.register_module(model)
-    x = torch.ones(2, 4)
+    return hook, model
+
+
+def _first_call_max(model: _Twice, x: torch.Tensor) -> float:
     with torch.no_grad():
-        first = float(torch.nn.functional.linear(x, model.lin.weight, model.lin.bias).max())
+        return float(torch.nn.functional.linear(x, model.lin.weight, model.lin.bias).max())
+
+
+def test_a_module_called_twice_a_step_is_recorded_under_both_names(tmp_path):
+    hook, model = _recording_twice(str(tmp_path / "run"), r"^lin_output_\d$", steps=5)
+    x = torch.ones(2, 4)
+    first = _first_call_max(model, x)
     for step in range(8):
         second = float(model(x).detach().max())
         if step == 6:
@@ -395,14 +406,7 @@ def test_a_name_added_to_a_recorded_collection_during_training_is_recorded_from_
     """The recorder remembers how it keeps each name (most steps look nothing up) until the
     collections' memberships change: ``save_tensor(..., collections_to_write=...)`` adds a
     module output to a recorded collection at step 3, and it is recorded from step 4 on."""
-    torch.manual_seed(0)
-    smd.get_collection("activations").include(r"^lin_output_1$")
-    hook = smd.Hook(out_dir=str(tmp_path / "run"), include_collections=["losses"],
-                    save_config=smd.SaveConfig(save_interval=500),
-                    flight_recorder=FlightRecorderConfig(steps=10, after_steps=1,
-                                                         collections=["activations"]))
-    model = _Twice()
-    hook.register_module(model)
+    hook, model = _recording_twice(str(tmp_path / "run"), r"^lin_output_1$", steps=10)
     x = torch.ones(2, 4)
     for step in range(8):  # no optimizer: the weights stay as they are
         model(x)
@@ -415,6 +419,4 @@ def test_a_name_added_to_a_recorded_collection_during_training_is_recorded_from_
     assert trial.tensor("lin_output_1").steps() == list(range(8))
     # step 3 holds the value saved by hand; the module's output is recorded from step 4 on
     assert trial.tensor("lin_output_0").steps() == [3, 4, 5, 6, 7]
-    with torch.no_grad():
-        first = float(torch.nn.functional.linear(x, model.lin.weight, model.lin.bias).max())
-    assert trial.tensor("lin_output_0").reduction_value(5, "max") == pytest.approx(first)
+    assert trial.tensor("lin_output_0").reduction_value(5, "max") == pytest.approx(_first_call_max(model, x))

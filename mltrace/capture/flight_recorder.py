@@ -189,79 +189,52 @@ class FlightRecorder:
         return self.current is not None and any(c in self.collections for c in colls)
 
     def observe(self, name: str, value: Any, colls: Iterable[Collection]) -> None:
-        """Keep ``value``'s reductions (and a copy, if raw) for the current step, if one of
-        ``colls`` is recorded. Whatever reads ``value`` happens now (it may change later)."""
-        step = self.current
-        if step is None:
+        """:meth:`keep`, with ``name``'s collections given (the hook's saving path has them):
+        they are the plan's latest, so they also decide how :meth:`keep` keeps the name."""
+        if self.current is None:
             return
         kind = self._kinds.get(name)
         if kind is None or kind[0] is not colls:  # the plan memoizes colls per name
             kind = self._kinds[name] = self._kind(colls)
-        if kind[1] is _PLAIN:
-            self._keep_plain(step, name, value)
-        elif kind[1] is not None:
-            self._keep_other(step, name, value, kind[1])
+        self._how[name] = kind[1]
+        self.keep(name, value)
 
     def keep(self, name: str, value: Any) -> None:
-        """:meth:`observe` with ``name``'s collections looked up here (``collections_of``): what
-        a framework callback calls directly on a step that only records (see
-        ``Hook.recording_only``), skipping the hook's saving path. It runs for every recorded
-        tensor of every step, so a plain tensor's way is written out here (each Python call
-        costs about a microsecond in place, next to a few for the reductions themselves), and
-        how a name is kept is remembered until memberships change (see :meth:`begin_step`; a
-        change within a step counts from the next)."""
+        """Keep ``value``'s reductions (and a copy, if raw) for the current step, if a recorded
+        collection holds ``name`` (looked up with ``collections_of``). Whatever reads ``value``
+        happens now (it may change later). A framework callback calls this directly on a step
+        that only records (see ``Hook.recording_only``), skipping the hook's saving path.
+
+        It runs for every recorded tensor of every step, so a plain tensor's way is written out
+        here (each Python call costs about a microsecond in place, next to a few for the
+        reductions themselves), and how a name is kept is remembered until memberships change
+        (see :meth:`begin_step`; a change within a step counts from the next)."""
         step = self.current
         if step is None:
             return
         how = self._how.get(name, _UNKNOWN)
         if how is _UNKNOWN:
             how = self._how[name] = self._kind(self.collections_of(name))[1]
-        if how is not _PLAIN:
-            if how is not None:
-                self._keep_other(step, name, value, how)
+        if how is None:
             return
-        try:
-            started = self._reduce(value)  # None: not a value the recorder can keep
-        except MltraceTypeError as exc:
-            self._not_reducible(name, exc)
-            return
-        if started is not None:
-            step.started.append(started)
-            step.tensors.append(name)
-            step.size += self._width
-            step.plain += 1
-
-    def _keep_plain(self, step: _Step, name: str, value: Any) -> None:
-        """Keep a tensor's reductions, as :meth:`keep` does."""
-        try:
-            started = self._reduce(value)
-        except MltraceTypeError as exc:
-            self._not_reducible(name, exc)
-            return
-        if started is not None:
-            step.started.append(started)
-            step.tensors.append(name)
-            step.size += self._width
-            step.plain += 1
-
-    def _not_reducible(self, name: str, exc: MltraceTypeError) -> None:
-        """A tensor with no reductions (e.g. a quantized one) is not recorded, said once."""
-        self.adapter.warn_once(f"recorder:{name}", "flight recorder: not recording %s: %s", name, exc)
-
-    def _keep_other(self, step: _Step, name: str, value: Any, how: str) -> None:
-        """A tensor kept with its raw copy (``_RAW``) or of a scalar collection (``_SCALAR``,
-        ``_LOSS``)."""
-        if how is not _RAW:
+        if how is _SCALAR or how is _LOSS:
             if self.adapter.recordable(value):
                 self._observe_scalar(step, name, value, how is _LOSS)
             return
         try:
-            started = self._reduce(value)
-        except MltraceTypeError as exc:
-            self._not_reducible(name, exc)
+            started = self._reduce(value)  # None: not a value the recorder can keep
+        except MltraceTypeError as exc:  # e.g. a quantized tensor: not recorded, said once
+            self.adapter.warn_once(f"recorder:{name}", "flight recorder: not recording %s: %s", name, exc)
             return
-        if started is not None:
+        if started is None:
+            return
+        if how is _RAW:
             self._keep_reductions(step, name, started, self.adapter.snapshot(value))
+            return
+        step.started.append(started)
+        step.tensors.append(name)
+        step.size += self._width
+        step.plain += 1
 
     def _keep_reductions(self, step: _Step, name: str, started: Any, raw: Any = None) -> None:
         """Add a tensor's reductions (the adapter's handle ``started``) and its raw copy, if
@@ -283,7 +256,7 @@ class FlightRecorder:
         shape and dtype); more are reduced like any tensor."""
         shape, dtype = self.adapter.shape_and_dtype(value)
         if not all(d == 1 for d in shape):
-            self._keep_plain(step, name, value)
+            self._keep_reductions(step, name, self._reduce(value))
             return
         step.tensors.append(_Tensor(name, _SCALAR_ITEMS, True, loss, step.size, shape, dtype))
         step.started.append(self._reduce_scalar(value))
