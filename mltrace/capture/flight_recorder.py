@@ -23,7 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -81,7 +81,6 @@ class _Step:
     #: the adapter's handles of the tensors' reductions (on their device until moved)
     started: list[Any] = field(default_factory=list)
     size: int = 0  # reductions so far
-    plain: int = 0  # tensors kept by name alone
     #: a prefix of tensors whose non-finite values are expected this step (a loss scaler
     #: skipped the step because of them)
     excused: str | None = None
@@ -234,7 +233,7 @@ class FlightRecorder:
         step.started.append(started)
         step.tensors.append(name)
         step.size += self._width
-        step.plain += 1
+        step.nbytes += self._tensor_bytes
 
     def _keep_reductions(self, step: _Step, name: str, started: Any, raw: Any = None) -> None:
         """Add a tensor's reductions (the adapter's handle ``started``) and its raw copy, if
@@ -287,7 +286,6 @@ class FlightRecorder:
             return
         with self._lock:
             self._last = step
-            step.nbytes += step.plain * self._tensor_bytes
             if step.started:
                 step.started = self.adapter.pack_reductions(step.started)
             config = self.config
@@ -484,11 +482,16 @@ class FlightRecorder:
         return written
 
     def _layout(self, step: _Step) -> list[_Tensor]:
-        """The step's tensors as _Tensors (made once, when a check fails or the step is
-        written)."""
-        if step.plain:
-            step.tensors, step.plain = list(_layout_of(step, self.items)), 0
-        return cast(list[_Tensor], step.tensors)
+        """The step's tensors as _Tensors, a plain tensor's made here at the offset its place in
+        the step gives it (when a check fails or the step is written; kept in the step)."""
+        layout: list[_Tensor] = []
+        offset = 0
+        for entry in step.tensors:
+            tensor = _Tensor(entry, self.items, False, False, offset) if isinstance(entry, str) else entry
+            layout.append(tensor)
+            offset += len(tensor.items)
+        step.tensors = list(layout)
+        return layout
 
     def _records(self, step: _Step) -> list[tuple[str, np.ndarray]]:
         """The (record name, value) pairs of a step, as the hook writes reductions and raw values."""
@@ -506,18 +509,6 @@ class FlightRecorder:
                 out.append((reduction_tensor_name(tensor.name, red, abs_),
                             np.asarray(np.int64(value) if red in _COUNTS else np.float64(value))))
         return out
-
-
-def _layout_of(step: _Step, items: ReductionItems) -> list[_Tensor]:
-    """``step.tensors`` as _Tensors, a plain tensor's made here (with ``items``, at the offset
-    its place in the step gives it)."""
-    out: list[_Tensor] = []
-    offset = 0
-    for entry in step.tensors:
-        tensor = _Tensor(entry, items, False, False, offset) if isinstance(entry, str) else entry
-        out.append(tensor)
-        offset += len(tensor.items)
-    return out
 
 
 def _numpy_dtype(dtype: Any) -> Any:

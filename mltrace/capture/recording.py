@@ -102,13 +102,11 @@ class Recording:
         never write that step again: it would replace its file and lose what it saved); then a
         dump that a trigger of this step asked for. A step that only recorded has nothing of the
         hook's own (one check, instead of the calls that would each find nothing)."""
-        if not outputs.pending:
-            self.recorder.end_step(outputs.write_records)
-            if writer.step_open:  # the recorder wrote the step (one after a trigger)
-                outputs.end_step()
-        else:
+        pending = outputs.pending
+        if pending:
             outputs.write_pending()
-            self.recorder.end_step(outputs.write_records, saved=writer.step_open)
+        self.recorder.end_step(outputs.write_records, saved=pending and writer.step_open)
+        if pending or writer.step_open:  # or the recorder wrote the step (one after a trigger)
             outputs.end_step()
         self.recorder.dump_pending(writer)
 

@@ -580,7 +580,6 @@ class TorchAdapter(Adapter):
         # memberships change (the first time once they are fixed, at the first step)
         decided_at, inputs_too = -1, True
         input_prefix, output_prefix, errors = name + "_input_", name + "_output_", self.errors
-        first_output, io_index = output_prefix + "0", self._io_index
 
         def on_forward(module: torch.nn.Module, inputs: Any, outputs: Any) -> None:
             nonlocal decided_at, inputs_too
@@ -606,11 +605,7 @@ class TorchAdapter(Adapter):
             try:
                 if inputs_too:
                     self._name_io(keep, input_prefix, inputs)
-                if type(outputs) is torch.Tensor and output_prefix not in io_index:
-                    io_index[output_prefix] = 1  # the module's first call this step
-                    keep(first_output, outputs)
-                else:
-                    self._name_io(keep, output_prefix, outputs)
+                self._name_io(keep, output_prefix, outputs)
             except Exception as exc:  # noqa: BLE001 - as guarded() does: the hook stops, not training
                 errors.failed(exc, "recording a module's outputs")
 
@@ -760,8 +755,7 @@ class TorchAdapter(Adapter):
         self.traced.active = self.hook.step_active
         only = self.hook.recording_only
         self._keep = only.recorder.keep if only is not None else None
-        if self.hook.step_active is not bool(self._gradient_handles):
-            self._gradient_hooks(self.hook.step_active)
+        self._gradient_hooks(self.hook.step_active)
 
     def _warn_not_stepping(self) -> None:
         """A gradient or module output arrived before any step began: the registered model's
