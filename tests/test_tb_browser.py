@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -182,7 +183,9 @@ def _open_tab(driver, url: str, ready: str = ".mt-ov-canvas") -> WebDriverWait:
     driver.switch_to.default_content()
     driver.get("about:blank")  # a fresh page each time: the tab keeps its choices while it lives
     driver.get(f"{url}/#mltrace")
-    wait = WebDriverWait(driver, 60)
+    # a live trial's refresh may replace an element between finding it and reading it: the
+    # wait's conditions find it again on the next poll
+    wait = WebDriverWait(driver, 60, ignored_exceptions=(StaleElementReferenceException,))
     frame = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "iframe"))[0]
     driver.switch_to.frame(frame)
     wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ready))
