@@ -355,6 +355,33 @@ def test_steps_that_only_record_take_the_quiet_path_and_record_what_the_full_pat
                                             POISONED)]
 
 
+def test_a_min_max_recorder_dumps_the_values_and_the_first_non_finite_tensor_of_the_full_one(tmp_path):
+    """The same run recorded with min and max alone (one aminmax per tensor, its results kept in
+    their order) and with the default reductions (min and max among five): the dumped min and
+    max are equal, and so is the first non-finite tensor."""
+    runs = {}
+    for label, reductions in (("minmax", ["min", "max"]), ("default", None)):
+        out = str(tmp_path / label)
+        config = smd.FlightRecorderConfig(steps=10, after_steps=3,
+                                          collections=["gradients", "activations", "losses"],
+                                          **({"reductions": reductions} if reductions else {}))
+        train(out, steps=30, poison_step=20, recorder=config)
+        runs[label] = out
+    a, b = create_trial(runs["minmax"]), create_trial(runs["default"])
+    assert a.steps() == b.steps() == [0] + list(range(10, 24))
+    names = [n for n in b.tensor_names() if n.startswith(("gradient/", "fc", "relu"))]
+    assert len(names) >= 15
+    for name in names:
+        for step in a.steps()[1:]:
+            for red in ("min", "max"):
+                np.testing.assert_array_equal(a.tensor(name).reduction_value(step, red),
+                                              b.tensor(name).reduction_value(step, red),
+                                              err_msg=f"{name} {red} step {step}")
+    first = [read_records(open_storage(out))[0].first_nonfinite for out in runs.values()]
+    assert [f.tensor for f in first] == [POISONED, POISONED]
+    assert first[0].nonfinite_tensors == first[1].nonfinite_tensors
+
+
 class _Twice(torch.nn.Module):
     """Calls one layer twice a step: its outputs are ``lin_output_0`` and ``lin_output_1``."""
 
