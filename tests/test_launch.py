@@ -493,3 +493,71 @@ def test_command_line_options_override_the_file(tmp_path: Path) -> None:
     assert doc["LocalPath"] == "rel/trial"  # the file's document is left as it was
     validate(merged, "test")
     assert os.path.isabs(merge_options(doc)["LocalPath"])
+
+
+TURNS_NAN = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+loss_fn = nn.MSELoss()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(60):
+    x = torch.randn(16, 4)
+    if step == 30:
+        x[3, 1] = float("nan")  # a bad sample
+    optimizer.zero_grad()
+    loss = loss_fn(model(x), torch.zeros(16, 1))
+    if torch.isfinite(loss):
+        loss.backward()
+        optimizer.step()
+print("done")
+"""
+
+
+def test_the_flight_recorder_from_the_command_line_dumps_the_steps_before_a_nan(tmp_path: Path) -> None:
+    from mltrace.format.flight_record import read_records
+    from mltrace.storage import open_storage
+
+    script = write(tmp_path, "train.py", TURNS_NAN)
+    out = tmp_path / "trial"
+    got = check(mltrace_run("--out-dir", str(out), "--save-interval", "500",
+                            "--include-collections", "losses", "--flight-recorder-steps", "10",
+                            "--flight-recorder-collections", "gradients,losses",
+                            "--flight-recorder-reductions", "min,max", str(script)))
+    assert got.strip().endswith("done")
+    (record,) = read_records(open_storage(str(out)))
+    (dump,) = record.dumps
+    assert (dump.trigger, dump.step, dump.steps_before) == ("nonfinite", 30, list(range(20, 30)))
+    assert record.first_nonfinite is not None
+    assert (record.first_nonfinite.tensor, record.first_nonfinite.step) == ("MSELoss_output_0", 30)
+    trial = create_trial(str(out))
+    assert trial.steps() == [0, *range(20, 31), *dump.steps_after]
+    assert len(dump.steps_after) == 10  # the default after_steps
+    grad = next(n for n in trial.tensor_names() if n.startswith("gradient/"))
+    assert np.isfinite(trial.tensor(grad).reduction_value(25, "max"))
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--flight-recorder-collections", "gradeints"], "no collection 'gradeints' (did you mean 'gradients'?)"),
+    (["--flight-recorder-steps", "0"], "steps"),
+    (["--flight-recorder-reductions", "min,maximum"], "maximum"),
+])
+def test_a_bad_flight_recorder_option_is_refused_before_the_script_runs(
+        tmp_path: Path, options: list[str], message: str) -> None:
+    script = write(tmp_path, "train.py", "print('the script ran')\n")
+    got = mltrace_run("--out-dir", str(tmp_path / "t"), *options, str(script))
+    assert got.returncode == 2 and got.stdout == ""
+    assert got.stderr.startswith("mltrace run: error: ") and message in got.stderr, got.stderr
+
+
+def test_flight_recorder_options_merge_into_the_files_recorder() -> None:
+    from mltrace.launch.config import merge_options
+
+    doc = {"LocalPath": "/tmp/t", "FlightRecorder": {"steps": "20", "raw": "true"}}
+    assert merge_options(doc, flight_recorder={"steps": "5"})["FlightRecorder"] == {
+        "steps": "5", "raw": "true"}
+    assert merge_options({"LocalPath": "/tmp/t", "FlightRecorder": True},
+                         flight_recorder={})["FlightRecorder"] == {}
+    assert "FlightRecorder" not in merge_options({"LocalPath": "/tmp/t"})

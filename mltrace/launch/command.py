@@ -49,6 +49,17 @@ def add_command(subparsers: Any) -> None:
     run.add_argument("--save-all", action="store_true", default=None, help="save every tensor")
     run.add_argument("--export-tensorboard", action="store_true", default=None,
                      help="also write TensorBoard summaries")
+    run.add_argument("--flight-recorder", action="store_true", default=None,
+                     help="keep the last steps' reductions in memory and write them to the trial "
+                          "when a tensor turns NaN or infinite, the loss spikes, the script "
+                          "raises or `mltrace dump` asks (see the --flight-recorder-* options)")
+    run.add_argument("--flight-recorder-steps", type=int, metavar="N",
+                     help="steps the flight recorder keeps (default 50); turns it on")
+    run.add_argument("--flight-recorder-collections", metavar="A,B",
+                     help="collections it records (default: those saved); turns it on")
+    run.add_argument("--flight-recorder-reductions", metavar="A,B",
+                     help="reductions it keeps of each tensor (default min,max,mean,std,l2; "
+                          "min,max costs least); turns it on")
     run.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE [ARGS]",
                      help="run a library module as a script, as python -m does")
     run.add_argument("program", nargs=argparse.REMAINDER, metavar="SCRIPT [ARGS]",
@@ -64,6 +75,15 @@ def hook_parameters(args: argparse.Namespace) -> dict[str, str]:
               "export_tensorboard": args.export_tensorboard}
     return {k: str(v).lower() if isinstance(v, bool) else str(v)
             for k, v in params.items() if v is not None}
+
+
+def flight_recorder_options(args: argparse.Namespace) -> dict[str, str] | None:
+    """The JSON configuration's FlightRecorder keys given on the command line (strings, as the
+    file may hold them), or None if no option asks for a recorder."""
+    given = {"steps": args.flight_recorder_steps, "collections": args.flight_recorder_collections,
+             "reductions": args.flight_recorder_reductions}
+    options = {k: str(v) for k, v in given.items() if v is not None}
+    return options if options or args.flight_recorder else None
 
 
 def program_argv(args: argparse.Namespace) -> list[str]:
@@ -113,7 +133,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         doc = read_config_file(args.config)
         collections = [c.strip() for c in (args.include_collections or "").split(",") if c.strip()]
-        doc = merge_options(doc, args.out_dir, hook_parameters(args), collections)
+        doc = merge_options(doc, args.out_dir, hook_parameters(args), collections,
+                            flight_recorder_options(args))
         validate(doc, args.config or "the command line")
         argv = program_argv(args)
     except (MltraceError, FileNotFoundError) as exc:

@@ -17,7 +17,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from mltrace.collections import CollectionKeys
+from mltrace.capture.recorder_config import check_collections
+from mltrace.collections import Collection, CollectionKeys
 from mltrace.exceptions import MltraceValueError
 from mltrace.format.paths import END_OF_JOB_MARKER
 from mltrace.json_config import CONFIG_ENV_VARS, config_file_path, parse_hook_config
@@ -56,10 +57,12 @@ def read_config_file(path: str | None) -> dict[str, Any]:
 
 def merge_options(doc: Mapping[str, Any], out_dir: str | None = None,
                   hook_parameters: Mapping[str, str] | None = None,
-                  collections: list[str] | None = None) -> dict[str, Any]:
+                  collections: list[str] | None = None,
+                  flight_recorder: Mapping[str, str] | None = None) -> dict[str, Any]:
     """``doc`` with command-line options applied: ``out_dir`` replaces LocalPath, each hook
-    parameter replaces its key, each collection not configured yet is added. LocalPath is made
-    absolute, so that processes started elsewhere write the same trial."""
+    parameter replaces its key, each collection not configured yet is added, ``flight_recorder``
+    (FlightRecorder keys; empty: the defaults) turns the recorder on and replaces those keys.
+    LocalPath is made absolute, so that processes started elsewhere write the same trial."""
     merged = copy.deepcopy(dict(doc))
     if out_dir:
         merged["LocalPath"] = out_dir
@@ -72,6 +75,10 @@ def merge_options(doc: Mapping[str, Any], out_dir: str | None = None,
         named = {e.get("CollectionName") for e in entries if isinstance(e, Mapping)}
         entries += [{"CollectionName": c} for c in collections if c not in named]
         merged["CollectionConfigurations"] = entries
+    if flight_recorder is not None:
+        recorder = merged.get("FlightRecorder")
+        merged["FlightRecorder"] = {**(recorder if isinstance(recorder, Mapping) else {}),
+                                    **flight_recorder}
     local = merged.get("LocalPath")
     if isinstance(local, str) and local and "://" not in local:
         merged["LocalPath"] = os.path.abspath(local)
@@ -101,6 +108,13 @@ def validate(doc: Mapping[str, Any], where: str) -> None:
         raise MltraceValueError(
             f"{where}: the trial directory {out_dir!r} holds a finished run ({END_OF_JOB_MARKER} "
             "exists): use a new --out-dir, or delete that one to overwrite it")
+    recorder = config.hook_kwargs.get("flight_recorder")
+    if recorder is not None and recorder.collections is not None:
+        known = {name: Collection(name) for name in [*BUILTIN_COLLECTIONS, *config.collections]}
+        try:
+            check_collections(recorder.collections, known)
+        except MltraceValueError as exc:
+            raise MltraceValueError(f"{where}: FlightRecorder: {exc}") from None
     for name, settings in config.collections.items():
         if name not in BUILTIN_COLLECTIONS and not settings.get("include_regex"):
             close = difflib.get_close_matches(name, sorted(BUILTIN_COLLECTIONS), n=1)
