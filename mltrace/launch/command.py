@@ -27,6 +27,7 @@ EPILOG = """examples:
   mltrace run --out-dir /tmp/run1 --save-interval 10 --include-collections weights,gradients train.py
   mltrace run --config hook.json -m my_package.train
   mltrace run --config hook.json torchrun --nproc-per-node 2 train.py
+  mltrace run --out-dir /tmp/run2 --save-interval 500 --flight-recorder-steps 100 train.py
 The configuration is smdebug's JSON (LocalPath, HookParameters, CollectionConfigurations), from
 --config or MLTRACE_CONFIG_FILE_PATH / SMDEBUG_CONFIG_FILE_PATH; options given here override it."""
 
