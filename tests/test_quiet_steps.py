@@ -1,4 +1,4 @@
-"""Quiet steps: boundaries where the hook only counts (SavePlan.quiet_steps, StepClock.skip_quiet).
+"""Quiet steps: boundaries where the hook only counts (SavePlan.quiet_steps, mltrace.capture.quiet).
 
 Most steps of a training save nothing; the hook skips its per-step work there. These tests check
 that what is saved, and at which global and mode steps, is exactly what deciding every step
@@ -156,13 +156,16 @@ def test_xgboost_rounds_take_quiet_steps_and_save_what_deciding_every_round_save
         second.close()
         return {**_saved(out_dir / "a"), **{f"b/{k}": v for k, v in _saved(out_dir / "b").items()}}, step
 
-    from mltrace.capture.clock import StepClock
+    from mltrace.capture.quiet import quiet_lane
 
     skipped = []
-    skip_quiet = StepClock.skip_quiet
+
+    def counted_lane(hook):
+        take = quiet_lane(hook)
+        return lambda step=None, look=False: skipped.append(take(step, look)) or skipped[-1]
+
     with monkeypatch.context() as spied:
-        spied.setattr(StepClock, "skip_quiet",
-                      lambda clock, step=None: skipped.append(skip_quiet(clock, step)) or skipped[-1])
+        spied.setattr("mltrace.hook.quiet_lane", counted_lane)
         quiet, last = run(tmp_path / "quiet")
     assert sum(skipped) >= 30  # most rounds were only counted (37 of 55)
     monkeypatch.setattr("mltrace.capture.plan.SavePlan.quiet_steps", lambda self, mode, step: 0)

@@ -18,7 +18,8 @@ class StepClock:
         #: The mode the current step began in (its TensorBoard run, even after set_mode).
         self.step_mode = ModeKeys.GLOBAL
         #: Coming steps of this mode at which the hook has nothing to do (set by the hook from
-        #: SavePlan.quiet_steps; 0 after anything that could change that: see skip_quiet).
+        #: SavePlan.quiet_steps; 0 after anything that could change that; mltrace.capture.quiet takes
+        #: them).
         self.quiet = 0
 
     @property
@@ -52,14 +53,3 @@ class StepClock:
         """True if beginning ``step`` is counting up by one: None, or a step numbered by the
         caller (XGBoost's boosting round) that is the next one, the mode's step following."""
         return step is None or (step == self.step + 1 and self.mode_step == self.step)
-
-    def skip_quiet(self, step: int | None = None) -> bool:
-        """Begin the next step (``step``: see counts_to) if it is a quiet one (counted in
-        ``quiet``, same mode): the hook does nothing else at such a boundary. False (nothing
-        changed) otherwise. Kept to a few lines: it runs at most steps of a training, right after
-        the model's last kernels left the interpreter's caches cold."""
-        if self.quiet <= 0 or self.mode is not self.step_mode or (step is not None and not self.counts_to(step)):
-            return False
-        self.quiet -= 1
-        self.advance()
-        return True

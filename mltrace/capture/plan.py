@@ -241,7 +241,7 @@ class SavePlan:
 
     def quiet_steps(self, mode: ModeKeys, mode_step: int) -> int:
         """How many steps after ``mode_step`` of ``mode`` no saved collection is due: the hook
-        only counts those (StepClock.skip_quiet). At most QUIET_LIMIT, so that a save config
+        only counts those (mltrace.capture.quiet). At most QUIET_LIMIT, so that a save config
         changed during training takes effect within that many steps."""
         train_only = mode is ModeKeys.EVAL or mode is ModeKeys.PREDICT
         quiet = QUIET_LIMIT

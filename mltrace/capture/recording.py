@@ -123,7 +123,7 @@ class Recording:
 
     def begin_quiet_step(self, clock: StepClock) -> None:
         """Begin a step that only records, the clock moved already (see
-        ``StepClock.skip_quiet``). The hook marks the step active again first: an adapter that
+        mltrace.capture.quiet). The hook marks the step active again first: an adapter that
         ends its steps itself (XGBoost's rounds, Keras' batches call ``hook.end_step``) has
         made it inactive, and its callbacks would skip the step."""
         self.begin_step(clock.step, clock.mode, clock.mode_step)

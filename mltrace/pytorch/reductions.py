@@ -176,6 +176,8 @@ def _fused(items: list[tuple[str, bool]], other: Callable[[Any], Any] | None) ->
     # min and max alone (the recorder's cheapest setting: what its non-finite check reads) are
     # one kernel whose results come in their order: no plan to walk
     min_max = groups == [(False, (0, 1), None, [])]
+    if min_max and other is not None:
+        return _recorder_min_max(names, other)
 
     def reduce(t: Any) -> Any:
         if other is not None:
@@ -189,9 +191,8 @@ def _fused(items: list[tuple[str, bool]], other: Callable[[Any], Any] | None) ->
             else:
                 return other(t)
         out: list[Any]
-        if min_max:
-            out = list(torch.aminmax(t))
-            return out if other is None else DeviceReductions(names, out)
+        if min_max:  # fused_reductions' (the recorder's is _recorder_min_max)
+            return list(torch.aminmax(t))
         out = [None] * size
         for abs_, minmax, spread, rest in groups:
             x = t.abs() if abs_ else t
@@ -214,6 +215,27 @@ def _fused(items: list[tuple[str, bool]], other: Callable[[Any], Any] | None) ->
             for i, name in rest:
                 out[i] = _torch_reduction(x, name, False)
         return out if other is None else DeviceReductions(names, out)
+
+    return reduce
+
+
+def _recorder_min_max(names: list[str], other: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """:func:`recorder_reductions` for min and max alone: one ``aminmax`` of any plain tensor
+    whose dtype torch has it for (its results in the tensor's dtype: exact for a min and a max;
+    ints and bools too), ``other(value)`` for anything else. What torch cannot reduce (an empty
+    tensor, a complex, quantized or float8 one) raises RuntimeError, so nothing is asked of the
+    tensor first: each question costs a fraction of a microsecond, for every recorded tensor of
+    every step."""
+    aminmax, plain, parameter = torch.aminmax, torch.Tensor, torch.nn.Parameter
+
+    def reduce(t: Any) -> Any:
+        kind = type(t)
+        if kind is plain or kind is parameter:
+            try:
+                return DeviceReductions(names, list(aminmax(t.detach())))
+            except RuntimeError:  # NotImplementedError too
+                pass
+        return other(t)
 
     return reduce
 
