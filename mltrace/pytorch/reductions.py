@@ -232,7 +232,8 @@ def _recorder_min_max(names: list[str], other: Callable[[Any], Any]) -> Callable
         kind = type(t)
         if kind is plain or kind is parameter:
             try:
-                return DeviceReductions(names, list(aminmax(t.detach())))
+                # a gradient needs no detach (it does not require grad): a tensor less to make
+                return DeviceReductions(names, list(aminmax(t.detach() if t.requires_grad else t)))
             except RuntimeError:  # NotImplementedError too
                 pass
         return other(t)
