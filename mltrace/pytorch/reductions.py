@@ -142,7 +142,8 @@ def recorder_reductions(items: list[tuple[str, bool]], other: Callable[[Any], An
     and bfloat16 upcast) gets :func:`fused_reductions`' reductions of the canonical ``items``
     as DeviceReductions; any other value gets ``other(value)``. One call instead of a checking
     call and a reducing call: each costs about a microsecond in place, for every recorded
-    tensor of every step."""
+    tensor of every step. Min and max alone: see :func:`_recorder_min_max` (any dtype torch
+    has an ``aminmax`` for)."""
     return _fused(items, other)
 
 
