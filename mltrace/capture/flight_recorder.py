@@ -213,40 +213,35 @@ class FlightRecorder:
             return
         how = self._how.get(name, _UNKNOWN)
         if how is not _PLAIN:  # most tensors are plain ones: their way first
-            self._keep_other(step, name, value, how)
-            return
+            how = self._other_kind(step, name, value, how)
+            if how is None:
+                return
         try:
             started = self._reduce(value)  # None: not a value the recorder can keep
         except MltraceTypeError as exc:  # e.g. a quantized tensor: not recorded, said once
             self.adapter.warn_once(f"recorder:{name}", "flight recorder: not recording %s: %s", name, exc)
             return
-        if started is not None:
+        if started is None:
+            return
+        if how is _PLAIN:
             step.started.append(started)
             step.tensors.append(name)
             step.size += self._width
             step.nbytes += self._tensor_bytes
+        else:
+            self._keep_reductions(step, name, started, self.adapter.snapshot(value))
 
-    def _keep_other(self, step: _Step, name: str, value: Any, how: str | None) -> None:
-        """:meth:`keep` for a name not known as plain: looked up (``_UNKNOWN``), not recorded,
-        a scalar collection's, a loss, or kept with a raw copy."""
+    def _other_kind(self, step: _Step, name: str, value: Any, how: str | None) -> str | None:
+        """:meth:`keep` for a name not known as plain: looks it up (``_UNKNOWN``) and keeps a
+        scalar collection's value or a loss; the way left to :meth:`keep` (plain, or raw), or
+        None when nothing more is to be done."""
         if how is _UNKNOWN:
             how = self._how[name] = self._kind(self.collections_of(name))[1]
-            if how is _PLAIN:
-                self.keep(name, value)
-                return
-        if how is None:
-            return
         if how is _SCALAR or how is _LOSS:
             if self.adapter.recordable(value):
                 self._observe_scalar(step, name, value, how is _LOSS)
-            return
-        try:
-            started = self._reduce(value)
-        except MltraceTypeError as exc:
-            self.adapter.warn_once(f"recorder:{name}", "flight recorder: not recording %s: %s", name, exc)
-            return
-        if started is not None:
-            self._keep_reductions(step, name, started, self.adapter.snapshot(value))
+            return None
+        return how
 
     def _keep_reductions(self, step: _Step, name: str, started: Any, raw: Any = None) -> None:
         """Add a tensor's reductions (the adapter's handle ``started``) and its raw copy, if
