@@ -9,6 +9,7 @@ configuration is, so that options and the JSON reader need not import the record
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,8 +162,9 @@ def _coerce(key: str, value: Any, where: str) -> Any:
     return value
 
 
-def check_collections(names: Iterable[str], known: Mapping[str, Collection]) -> None:
-    """Raise if a recorded collection is not one of the hook's.
+def check_collections(names: Iterable[str], known: AbstractSet[str] | Mapping[str, Collection]) -> None:
+    """Raise if a recorded collection is not one of the hook's (``known``: their names, or the
+    hook's collections by name).
 
     Raises:
         MltraceValueError: naming it and the hook's collections.

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mltrace.capture.recorder_config import check_collections
-from mltrace.collections import Collection, CollectionKeys
+from mltrace.collections import CollectionKeys
 from mltrace.exceptions import MltraceValueError
 from mltrace.format.paths import END_OF_JOB_MARKER
 from mltrace.json_config import CONFIG_ENV_VARS, config_file_path, parse_hook_config
@@ -110,9 +110,8 @@ def validate(doc: Mapping[str, Any], where: str) -> None:
             "exists): use a new --out-dir, or delete that one to overwrite it")
     recorder = config.hook_kwargs.get("flight_recorder")
     if recorder is not None and recorder.collections is not None:
-        known = {name: Collection(name) for name in [*BUILTIN_COLLECTIONS, *config.collections]}
         try:
-            check_collections(recorder.collections, known)
+            check_collections(recorder.collections, BUILTIN_COLLECTIONS | set(config.collections))
         except MltraceValueError as exc:
             raise MltraceValueError(f"{where}: FlightRecorder: {exc}") from None
     for name, settings in config.collections.items():

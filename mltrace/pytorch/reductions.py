@@ -227,11 +227,10 @@ def _recorder_min_max(names: list[str], other: Callable[[Any], Any]) -> Callable
     tensor, a complex, quantized or float8 one) raises RuntimeError, so nothing is asked of the
     tensor first: each question costs a fraction of a microsecond, for every recorded tensor of
     every step."""
-    aminmax, plain, parameter = torch.aminmax, torch.Tensor, torch.nn.Parameter
+    aminmax = torch.aminmax
 
     def reduce(t: Any) -> Any:
-        kind = type(t)
-        if kind is plain or kind is parameter:
+        if type(t) in _PLAIN_TYPES:
             try:
                 # a gradient needs no detach (it does not require grad): a tensor less to make
                 return DeviceReductions(names, list(aminmax(t.detach() if t.requires_grad else t)))
