@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -35,6 +35,24 @@ if TYPE_CHECKING:
 
 #: (reduction name, of the absolute value) pairs, as ReductionConfig.items() gives them.
 ReductionItems = list[tuple[str, bool]]
+
+
+class StepCopies(Protocol):
+    """A framework's ring of step copies for the flight recorder (:meth:`Adapter.step_copies`):
+    a recorded tensor is copied into a preallocated slot and reduced only when its step is read.
+    The handles it makes are read by the adapter's :meth:`Adapter.reductions_finite` and
+    :meth:`Adapter.reductions_to_flat`, as the reducer's are."""
+
+    nbytes: int  # what its slots take
+
+    def reducer(self, fallback: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """The per-tensor call: a copy's handle, or ``fallback(value)``."""
+
+    def pack(self, started: list[Any]) -> list[Any]:
+        """Close a step whose handles are ``started`` (in place of ``pack_reductions``)."""
+
+    def release(self) -> None:
+        """Copy nothing more and free the slots."""
 
 
 class Adapter:
@@ -172,6 +190,12 @@ class Adapter:
         objects as the adapter can (one tensor per device); :meth:`reductions_to_flat` reads
         them. Default: as they are."""
         return started
+
+    def step_copies(self, items: ReductionItems, ring_steps: int, max_bytes: int) -> StepCopies | None:
+        """The flight recorder's ring of copies (see :class:`StepCopies`) for a ring of
+        ``ring_steps`` steps, within ``max_bytes``, where copying a tensor is cheaper than
+        reducing it; None (the default) reduces every tensor as it comes."""
+        return None
 
     def is_member(self, collection: Collection, name: str) -> bool:
         """True if the tensor ``name`` belongs to ``collection`` (default: its names and regexes)."""

@@ -9,9 +9,11 @@ training step, or ``hook.dump_flight_recorder(reason)``) writes the ring to the 
 steps, keeps writing the next ``after_steps`` steps at full resolution, and records why (see
 mltrace.format.flight_record), including the first tensor in execution order that was not finite.
 
-Costs per recorded tensor and step: the reductions (a few device ops, nothing waits for them); per
-step: one device-to-host copy of all of them when a trigger needs their values (the non-finite
-check and the loss spike do), none otherwise until a dump.
+Costs per recorded tensor and step: the reductions (a few device ops, nothing waits for them), or
+where the framework has a ring of copies (PyTorch: mltrace.pytorch.copy_ring) and the copies of
+the ring's steps fit in half the budget, one copy, reduced only when the step is read; per step:
+one device-to-host copy for the non-finite check (a sum over the copies, and the other
+reductions), one for the loss spike (the losses' values), none otherwise until a dump.
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ class _Step:
     #: a prefix of tensors whose non-finite values are expected this step (a loss scaler
     #: skipped the step because of them)
     excused: str | None = None
+    #: the losses (watched for spikes) and their handles, read at the step's end
+    losses: list[tuple[_Tensor, Any]] = field(default_factory=list)
     nbytes: int = 0
     flat: np.ndarray | None = None  # every reduction of the step, on the host, once moved
     saved: bool = False  # written by the hook itself (with these records): never by a dump
@@ -108,7 +112,12 @@ class FlightRecorder:
         self.worker = worker
         self.items = config.items
         self._check_positions = [i for i, item in enumerate(self.items) if item in _CHECK_ITEMS]
-        self._reduce = adapter.reducer(self.items)
+        reduce = adapter.reducer(self.items)
+        # the copies of the ring's steps get at most half the budget; raw=True keeps its own
+        self._copies = None if config.raw else adapter.step_copies(
+            self.items, config.steps, config.memory_budget // 2)
+        self._reduce = self._copies.reducer(reduce) if self._copies is not None else reduce
+        self._pack = self._copies.pack if self._copies is not None else adapter.pack_reductions
         self._reduce_scalar = adapter.reducer(_SCALAR_ITEMS)
         self._width = len(self.items)
         self._tensor_bytes = entry_bytes(self._width)
@@ -121,7 +130,7 @@ class FlightRecorder:
         self.enabled = True
         self.ring: deque[_Step] = deque()
         self._kinds: dict[str, tuple[Any, str | None]] = {}  # name -> _kind(its colls)
-        self.ring_bytes = 0
+        self._steps_bytes = 0  # what the ring's steps take (their copies' slots come on top)
         self.current: _Step | None = None
         self.record = FlightRecord(worker)
         self._losses: dict[tuple[str, ModeKeys], deque[float]] = {}
@@ -137,6 +146,11 @@ class FlightRecorder:
         #: called after each dump with the record and the dump (the hook tells its sinks)
         self.on_dump: Callable[[FlightRecord, Dump], None] = lambda record, dump: None
         self._lock = threading.RLock()  # the excepthook may trigger from another thread
+
+    @property
+    def ring_bytes(self) -> int:
+        """The memory the recorder holds: its ring's steps and the slots of its copies."""
+        return self._steps_bytes + (self._copies.nbytes if self._copies is not None else 0)
 
     # -- set-up ---------------------------------------------------------------------------------
     def resolve(self, saved: Iterable[Collection], known: Mapping[str, Collection]) -> list[Collection]:
@@ -265,8 +279,12 @@ class FlightRecorder:
         if not all(d == 1 for d in shape):
             self._keep_reductions(step, name, self._reduce(value))
             return
-        step.tensors.append(_Tensor(name, _SCALAR_ITEMS, True, loss, step.size, shape, dtype))
-        step.started.append(self._reduce_scalar(value))
+        tensor = _Tensor(name, _SCALAR_ITEMS, True, loss, step.size, shape, dtype)
+        started = self._reduce_scalar(value)
+        step.tensors.append(tensor)
+        step.started.append(started)
+        if loss:
+            step.losses.append((tensor, started))
         step.size += 1
         step.nbytes += entry_bytes(1)
 
@@ -294,15 +312,14 @@ class FlightRecorder:
             return
         with self._lock:
             self._last = step
-            if step.started:
-                step.started = self.adapter.pack_reductions(step.started)
             config = self.config
             spikes = config.loss_spike is not None
+            losses = self._loss_values(step) if spikes else None
+            if step.started:
+                step.started = self._pack(step.started)
             if config.nonfinite or spikes:
-                if spikes:
-                    self._to_host(step)  # the loss's value is read on the host
                 first = self._check_nonfinite(step) if config.nonfinite else None
-                spike = self._check_loss_spike(step) if spikes else None
+                spike = self._check_loss_spike(step, losses) if losses else None
                 if first is not None and self._armed:
                     self._armed = False
                     self._request("nonfinite", f"{first.tensor} held a NaN or an infinity at step "
@@ -430,21 +447,26 @@ class FlightRecorder:
         return FirstNonFinite(name, step.step, step.mode.name, step.mode_step, self.worker,
                               self.adapter.tensor_phase(name), position, [n for _, n in bad[:20]])
 
-    def _check_loss_spike(self, step: _Step) -> str | None:
+    def _loss_values(self, step: _Step) -> list[tuple[str, float]]:
+        """The step's losses read on the host (one copy), before its reductions are packed."""
+        losses, step.losses = step.losses, []
+        if not losses:
+            return []
+        values = self.adapter.reductions_to_flat([started for _, started in losses])
+        return [(tensor.name, float(value)) for (tensor, _), value in zip(losses, values.tolist())]
+
+    def _check_loss_spike(self, step: _Step, losses: list[tuple[str, float]]) -> str | None:
         limit = self.config.loss_spike
         if limit is None:
             return None
         found = None
-        for tensor in step.tensors:
-            if isinstance(tensor, str) or not tensor.loss or step.flat is None:
-                continue
-            value = float(step.flat[tensor.offset])
+        for name, value in losses:
             # per mode: an evaluation's loss is not a spike of the training loss
-            history = self._losses.setdefault((tensor.name, step.mode), deque(maxlen=self.config.loss_window))
+            history = self._losses.setdefault((name, step.mode), deque(maxlen=self.config.loss_window))
             if len(history) == history.maxlen and np.isfinite(value):
                 median = statistics.median(history)
                 if median > 0 and value > limit * median and found is None:
-                    found = (f"{tensor.name}={value:.6g} at step {step.step} is above {limit:g} x "
+                    found = (f"{name}={value:.6g} at step {step.step} is above {limit:g} x "
                              f"its median {median:.6g} over the last {len(history)} steps")
             if np.isfinite(value):
                 history.append(value)
@@ -463,19 +485,22 @@ class FlightRecorder:
             self._stop_recording()
             return
         self.ring.append(step)
-        self.ring_bytes += step.nbytes
-        while len(self.ring) > self.config.steps or self.ring_bytes > budget:
-            self.ring_bytes -= self.ring.popleft().nbytes
+        self._steps_bytes += step.nbytes
+        budget -= self._copies.nbytes if self._copies is not None else 0
+        while len(self.ring) > self.config.steps or self._steps_bytes > budget:
+            self._steps_bytes -= self.ring.popleft().nbytes
 
     def _stop_recording(self) -> None:
         """Record nothing more and free the ring (the hook's callbacks skip steps again)."""
         self.enabled = False
         self.ring.clear()
-        self.ring_bytes = 0
+        self._steps_bytes = 0
+        if self._copies is not None:
+            self._copies.release()
 
     def _write_ring(self, writer: TrialWriter) -> list[int]:
         steps, self.ring = list(self.ring), deque()
-        self.ring_bytes = 0
+        self._steps_bytes = 0
         written = []
         for step in steps:
             if step.saved:  # in the trial already, with its records

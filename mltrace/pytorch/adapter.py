@@ -32,6 +32,7 @@ from mltrace.pytorch.compiled import (
     tensors_in,
     unwrap,
 )
+from mltrace.pytorch.copy_ring import CopiedStep, CopyRing
 from mltrace.pytorch.histograms import bins_on_device, device_histogram
 from mltrace.pytorch.optim import OptimizerSteps, ScalerWatch
 from mltrace.pytorch.reductions import (
@@ -226,12 +227,27 @@ class TorchAdapter(Adapter):
             host.update({id(s): values[a:b] for s, a, b in zip(here, offsets, offsets[1:])})
         return [s.results(host[id(s)]) if isinstance(s, DeviceReductions) else s for s in started]
 
+    def step_copies(self, items: ReductionItems, ring_steps: int, max_bytes: int) -> CopyRing | None:
+        """A ring of copies (mltrace.pytorch.copy_ring) where reducing a tensor takes more than
+        one kernel: min and max alone are one ``aminmax``, no dearer than a copy, and a median
+        has no fused kernel."""
+        canonical = [(canonical_name(n), a) for n, a in items]
+        if sorted(canonical) == [("max", False), ("min", False)] or any(n == "median" for n, _ in canonical):
+            return None
+        return CopyRing(canonical, ring_steps, max_bytes, self)
+
     def reductions_to_flat(self, started: list[Any]) -> np.ndarray:
         """A step's reductions in one device-to-host copy, when all of them wait on one device
         (in their own dtype: the flight recorder checks every step and converts only what it
-        writes)."""
+        writes); a step of copies has its reductions computed now."""
         if len(started) == 1 and type(started[0]) is HostReductions:
             return np.frombuffer(started[0].values, dtype=np.float64)
+        if len(started) == 1 and type(started[0]) is CopiedStep:
+            return started[0].to_flat(self)
+        if started and type(started[0]) is DeviceReductions and started[0].stacked is None:
+            on_host = read_on_cpu(started)  # fresh handles of CPU tensors: a loss read for its spike
+            if on_host is not None:
+                return np.frombuffer(on_host.values, dtype=np.float64)
         values = _stacked_on_one_device(started)
         if values is None:
             return super().reductions_to_flat(started)
@@ -241,6 +257,8 @@ class TorchAdapter(Adapter):
         """A packed step's reductions are read as Python floats, in one copy and no numpy call."""
         if len(started) == 1 and type(started[0]) is HostReductions:
             return all_finite(started[0].values)
+        if len(started) == 1 and type(started[0]) is CopiedStep:
+            return started[0].finite(self)
         if len(started) == 1 and type(started[0]) is DeviceReductions and started[0].stacked is not None:
             self.host_transfers += 1
             return all_finite(started[0].stacked.tolist())
