@@ -9,11 +9,13 @@ Variants, their runs interleaved in one process (bench/README.md's protocol: one
   step 0 (the hook's own cost at a step that saves nothing).
 * ``recorder``: the same hook with a flight recorder keeping the reductions (min, max, mean,
   std, l2) of every gradient and every activation (module output) for 50 steps, no trigger
-  firing; the non-finite check on, the loss spike off.
-* ``recorder_nocheck``: the same without the non-finite check: the reductions stay where they
-  were computed until a dump, no copy per step. ``recorder`` minus this is the check alone.
-* ``recorder_minmax``: ``recorder`` keeping only min and max (one kernel per tensor): what the
-  choice of reductions costs.
+  firing; the non-finite check on, the loss spike off. PyTorch copies each tensor into the
+  recorder's slots and reduces it only when its step is read (mltrace.pytorch.copy_ring); the
+  ring's memory printed includes the slots.
+* ``recorder_nocheck``: the same without the non-finite check: nothing is read on the host
+  until a dump. ``recorder`` minus this is the check alone.
+* ``recorder_minmax``: ``recorder`` keeping only min and max (one ``aminmax`` per tensor, no
+  copies: a copy costs as much): what the choice of reductions costs.
 * ``saving``: no recorder; the hook saves the same reductions of the same tensors to the trial
   on every step (what a run would do to have every step without a recorder).
 

@@ -41,7 +41,9 @@ class FlightRecorderConfig:
             non-finite check. Tensors of scalar collections (losses, metrics) keep their value.
         raw: also keep a copy of each tensor (on its device), within the budget.
         memory_budget: bytes the kept steps may take (reductions: 8 bytes each; raw copies their
-            size); past it the oldest step is dropped, the recorder never grows.
+            size; a framework's slots for copies of the steps' tensors, when they fit in half of
+            it: see mltrace.pytorch.copy_ring); past it the oldest step is dropped, the recorder
+            never grows.
         nonfinite: dump when a recorded tensor holds a NaN or an infinity (armed again once a
             step is finite).
         loss_spike: k; dump when a loss exceeds k times its running median over the last
