@@ -12,8 +12,8 @@ mltrace.format.flight_record), including the first tensor in execution order tha
 Costs per recorded tensor and step: the reductions (a few device ops, nothing waits for them), or
 where the framework has a ring of copies (PyTorch: mltrace.pytorch.copy_ring) and the copies of
 the ring's steps fit in half the budget, one copy, reduced only when the step is read; per step:
-one device-to-host copy for the non-finite check (a sum over the copies, and the other
-reductions), one for the loss spike (the losses' values), none otherwise until a dump.
+one device-to-host copy for the non-finite check and the loss spike (with copies: a sum over
+them and the other reductions, and the losses' values apart), none otherwise until a dump.
 """
 
 from __future__ import annotations
@@ -314,9 +314,9 @@ class FlightRecorder:
             self._last = step
             config = self.config
             spikes = config.loss_spike is not None
-            losses = self._loss_values(step) if spikes else None
             if step.started:
                 step.started = self._pack(step.started)
+            losses = self._loss_values(step) if spikes else None
             if config.nonfinite or spikes:
                 first = self._check_nonfinite(step) if config.nonfinite else None
                 spike = self._check_loss_spike(step, losses) if losses else None
@@ -448,10 +448,15 @@ class FlightRecorder:
                               self.adapter.tensor_phase(name), position, [n for _, n in bad[:20]])
 
     def _loss_values(self, step: _Step) -> list[tuple[str, float]]:
-        """The step's losses read on the host (one copy), before its reductions are packed."""
+        """The step's losses read on the host. Without copies the whole step is moved (one
+        copy, which the non-finite check then reads too); with copies that would compute every
+        reduction of the step, so the losses' own handles are read (one small copy)."""
         losses, step.losses = step.losses, []
         if not losses:
             return []
+        if self._copies is None:
+            flat = self._to_host(step)
+            return [(tensor.name, float(flat[tensor.offset])) for tensor, _ in losses]
         values = self.adapter.reductions_to_flat([started for _, started in losses])
         return [(tensor.name, float(value)) for (tensor, _), value in zip(losses, values.tolist())]
 

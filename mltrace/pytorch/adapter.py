@@ -244,10 +244,9 @@ class TorchAdapter(Adapter):
             return np.frombuffer(started[0].values, dtype=np.float64)
         if len(started) == 1 and type(started[0]) is CopiedStep:
             return started[0].to_flat(self)
-        if started and type(started[0]) is DeviceReductions and started[0].stacked is None:
-            on_host = read_on_cpu(started)  # fresh handles of CPU tensors: a loss read for its spike
-            if on_host is not None:
-                return np.frombuffer(on_host.values, dtype=np.float64)
+        on_host = read_on_cpu(started)  # fresh handles of CPU tensors: a loss read for its spike
+        if on_host is not None:
+            return np.frombuffer(on_host.values, dtype=np.float64)
         values = _stacked_on_one_device(started)
         if values is None:
             return super().reductions_to_flat(started)

@@ -163,7 +163,7 @@ class CopyRing:
         the last step's end (take one now and copy it), one while learning the layout (note
         it), or one the layout does not have (the rest of the step is reduced as it comes: the
         copies stay one prefix of the slot)."""
-        if self._needs_slot and self.position == 0:
+        if self._needs_slot:
             self._needs_slot = False
             if self._take_slot():
                 return self._copy_or_reduce(t)
@@ -222,14 +222,7 @@ class CopyRing:
     def _next_slot(self) -> None:
         """The next step's slot, if one is free now (else at its first tensor): mostly the one
         after the last, which the ring's oldest step just left."""
-        if not self._slot_views:
-            return
-        slot = (self._slot + 1) % self.slots
-        owner = self._owners[slot]
-        if owner is None or owner() is None:
-            self._slot, self.views, self._needs_slot = slot, self._slot_views[slot], False
-        else:
-            self._needs_slot = not self._take_slot()
+        self._needs_slot = bool(self._slot_views) and not self._take_slot()
 
     def check(self, step: CopiedStep) -> None:
         """Raise if ``step``'s slot is not its own (never expected: the ring would read another

@@ -55,15 +55,16 @@ class HostReductions:
 
 
 def read_on_cpu(started: list[Any]) -> HostReductions | None:
-    """``started`` (DeviceReductions fresh from the reducer: a packed one has no parts) read
-    into one float64 array, if the first is on the CPU; else None. On a CPU the results exist
+    """``started`` (DeviceReductions fresh from the reducer) read into one float64 array, if the
+    first is on the CPU; else None (also for packed handles, which have no parts). On a CPU the results exist
     already: reading each 0-d tensor as a float costs about half of stacking them (one op that
     allocates), measured in place at the end of a training step (the flight recorder packs
     every step)."""
     # Asking every handle its type and device costs about as much as reading the values, so
     # only the first is asked where the values are: a part on another device reads right too,
     # just not as fast. A handle without parts (not DeviceReductions) stops the reading.
-    if not started or type(started[0]) is not DeviceReductions or not started[0].parts[0].is_cpu:
+    first = started[0] if started else None
+    if type(first) is not DeviceReductions or not first.parts or not first.parts[0].is_cpu:
         return None
     try:
         return HostReductions(array("d", [p.item() for s in started for p in s.parts]))
