@@ -29,8 +29,11 @@ mltrace; a floor for any recorder built on PyTorch's hooks):
   step's start: no names, no budget, no dumps.
 * ``lean_minmax``: the same with ``aminmax`` alone.
 
-Printed: ms/step of each, the ratios, the check's share of the step, and the recorder's memory
-(its ring's bytes at the end against the budget).
+Printed: ms/step of each, the ratios of the medians, the check's share of the step, and the
+recorder's memory (its ring's bytes at the end against the budget). The ratios to ``hook`` are
+also given paired: each variant's run divided by the ``hook`` run of the same round, the median
+and the range over rounds. Runs of one round are seconds apart, so a machine that slows down for
+a while moves both sides of a paired ratio; the ratio of medians pairs runs of different rounds.
 
 Example:
     .venv/bin/python bench/flight_recorder.py --steps 500 --runs 5
@@ -159,12 +162,18 @@ def main(argv: list[str] | None = None) -> int:
                 if k:
                     runs[variant].append(result)
     ms = {v: statistics.median(r["ms_per_step"] for r in runs[v]) for v in VARIANTS}
+    paired = {v: [r["ms_per_step"] / h["ms_per_step"] for r, h in zip(runs[v], runs["hook"])]
+              for v in VARIANTS}
     out = {
         "ms_per_step": ms,
         "runs_ms_per_step": {v: [r["ms_per_step"] for r in runs[v]] for v in VARIANTS},
         "recorder_over_hook": ms["recorder"] / ms["hook"],
+        "paired_over_hook": {v: {"median": statistics.median(paired[v]), "min": min(paired[v]),
+                                 "max": max(paired[v])} for v in VARIANTS},
         "recorder_added_over_hook_added": (ms["recorder"] - ms["none"]) / max(ms["hook"] - ms["none"], 1e-9),
         "check_share_of_step": (ms["recorder"] - ms["recorder_nocheck"]) / ms["recorder_nocheck"],
+        "check_share_paired": statistics.median(
+            r["ms_per_step"] / n["ms_per_step"] - 1.0 for r, n in zip(runs["recorder"], runs["recorder_nocheck"])),
         "ring_bytes": max(r["ring_bytes"] for r in runs["recorder"]),
         "ring_steps": max(r["ring_steps"] for r in runs["recorder"]),
         "budget_bytes": BUDGET,
@@ -181,10 +190,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {v:18s} {ms[v]:.4f} ms/step  ({ms[v] / ms['none']:.3f}x no hook)")
     print(f"  recorder / hook (step time)            {out['recorder_over_hook']:.3f}")
     print(f"  recorder's added time / hook's added   {out['recorder_added_over_hook_added']:.2f}")
-    print(f"  non-finite check alone, share of step  {out['check_share_of_step'] * 100:+.1f}%")
+    print(f"  non-finite check alone, share of step  {out['check_share_of_step'] * 100:+.1f}% "
+          f"(paired within rounds: {out['check_share_paired'] * 100:+.1f}%)")
     print(f"  ring: {out['ring_steps']} steps, {out['ring_bytes']} bytes (budget {BUDGET})")
-    for v in ("noop_hooks", "lean", "lean_minmax", "recorder", "recorder_minmax"):
-        print(f"  {v} / hook{'':{18 - len(v)}} {ms[v] / ms['hook']:.3f}")
+    print("  / hook: ratio of medians; paired within rounds, median [min, max]")
+    for v in ("noop_hooks", "lean", "lean_minmax", "recorder", "recorder_nocheck", "recorder_minmax"):
+        pair = out["paired_over_hook"][v]
+        print(f"  {v} / hook{'':{18 - len(v)}} {ms[v] / ms['hook']:.3f}; paired {pair['median']:.3f} "
+              f"[{pair['min']:.3f}, {pair['max']:.3f}]")
     return 0
 
 

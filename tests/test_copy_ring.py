@@ -114,13 +114,15 @@ def test_a_kept_step_keeps_its_slot_and_a_step_without_a_free_one_is_reduced():
     assert type(step) is CopiedStep
 
 
-def test_a_layout_that_keeps_changing_gives_the_ring_up():
+@pytest.mark.parametrize("prefix", [[], LAYOUT[:1]], ids=["from-the-first", "after-a-copied-prefix"])
+def test_a_layout_that_keeps_changing_gives_the_ring_up(prefix):
     adapter, ring, reduce, fallback = _ring()
     gen = torch.Generator().manual_seed(5)
     ring.pack([reduce(t) for t in _step(gen, LAYOUT)])
     for n in range(MISSES_TO_STOP):
         assert ring.nbytes > 0
-        tensors = _step(gen, [(n + 7,)])  # another shape every step (a sequence length)
+        # another shape every step (a sequence length), after tensors that match the layout
+        tensors = _step(gen, [*prefix, (n + 7,)])
         packed = ring.pack([reduce(t) for t in tensors])
         np.testing.assert_allclose(adapter.reductions_to_flat(packed), _expected(adapter, fallback, tensors), rtol=1e-6)
     assert ring.nbytes == 0 and ring.views == []
@@ -153,17 +155,37 @@ def test_half_precision_copies_read_back_as_the_reducer_computes_them(dtype):
     np.testing.assert_array_equal(step.to_flat(adapter), _expected(adapter, fallback, tensors))
 
 
-def test_a_nan_or_an_infinity_in_a_copy_fails_the_steps_check():
+@pytest.mark.parametrize("position", range(len(LAYOUT)))
+def test_a_nan_or_an_infinity_in_a_copy_fails_the_steps_check(position):
     adapter, ring, reduce, fallback = _ring()
     gen = torch.Generator().manual_seed(8)
     ring.pack([reduce(t) for t in _step(gen, LAYOUT)])
-    for bad in (float("nan"), float("inf")):
+    for bad in (float("nan"), float("inf"), None):
         tensors = _step(gen, LAYOUT)
-        tensors[1][2] = bad
+        if bad is not None:
+            tensors[position].view(-1)[1] = bad
         (step,) = ring.pack([reduce(t) for t in tensors])
-        assert not step.finite(adapter)
+        assert step.total is not None  # the full slot was summed after its last copy
+        assert step.finite(adapter) is (bad is None)
         flat = step.to_flat(adapter).reshape(3, 5)
-        assert np.isfinite(flat[0]).all() and not np.isfinite(flat[1][:2]).all()
+        for i in range(len(LAYOUT)):
+            assert bool(np.isfinite(flat[i][:2]).all()) == (bad is None or i != position)
+
+
+def test_a_ring_whose_steps_are_not_checked_sums_nothing_and_a_partial_slot_is_summed_when_read():
+    adapter = TorchAdapter()
+    gen = torch.Generator().manual_seed(9)
+    ring = CopyRing(DEFAULT, 3, 1 << 20, adapter, checked=False)
+    reduce = ring.reducer(adapter.reducer(DEFAULT))
+    ring.pack([reduce(t) for t in _step(gen, LAYOUT)])
+    (step,) = ring.pack([reduce(t) for t in _step(gen, LAYOUT)])
+    assert step.total is None and step.finite(adapter)
+    _, ring, reduce, _ = _ring()
+    ring.pack([reduce(t) for t in _step(gen, LAYOUT)])
+    tensors = _step(gen, [LAYOUT[0], (9,)])  # the second tensor does not match: one copy
+    tensors[0][0, 0] = float("nan")
+    (step,) = ring.pack([reduce(t) for t in tensors])
+    assert len(step.copies) == 1 and step.total is None and not step.finite(adapter)
 
 
 def test_a_recorded_run_dumps_the_same_values_with_copies_and_without(tmp_path, monkeypatch):
@@ -172,7 +194,7 @@ def test_a_recorded_run_dumps_the_same_values_with_copies_and_without(tmp_path, 
     config = FlightRecorderConfig(steps=20, after_steps=5, collections=["gradients", "activations", "losses"])
     with_copies = str(tmp_path / "copies")
     train(with_copies, steps=40, poison_step=30, recorder=config)
-    monkeypatch.setattr(TorchAdapter, "step_copies", lambda self, items, ring_steps, max_bytes: None)
+    monkeypatch.setattr(TorchAdapter, "step_copies", lambda self, *args: None)
     without = str(tmp_path / "reduced")
     run = train(without, steps=40, poison_step=30, recorder=config)
     assert run.max_ring_bytes < 100_000  # reductions only, against the slots' ~300 KB below

@@ -191,10 +191,12 @@ class Adapter:
         them. Default: as they are."""
         return started
 
-    def step_copies(self, items: ReductionItems, ring_steps: int, max_bytes: int) -> StepCopies | None:
+    def step_copies(self, items: ReductionItems, ring_steps: int, max_bytes: int,
+                    checked: bool) -> StepCopies | None:
         """The flight recorder's ring of copies (see :class:`StepCopies`) for a ring of
         ``ring_steps`` steps, within ``max_bytes``, where copying a tensor is cheaper than
-        reducing it; None (the default) reduces every tensor as it comes."""
+        reducing it (``checked``: each step is checked for non-finite values); None (the
+        default) reduces every tensor as it comes."""
         return None
 
     def is_member(self, collection: Collection, name: str) -> bool:

@@ -115,7 +115,7 @@ class FlightRecorder:
         reduce = adapter.reducer(self.items)
         # the copies of the ring's steps get at most half the budget; raw=True keeps its own
         self._copies = None if config.raw else adapter.step_copies(
-            self.items, config.steps, config.memory_budget // 2)
+            self.items, config.steps, config.memory_budget // 2, config.nonfinite)
         self._reduce = self._copies.reducer(reduce) if self._copies is not None else reduce
         self._pack = self._copies.pack if self._copies is not None else adapter.pack_reductions
         self._reduce_scalar = adapter.reducer(_SCALAR_ITEMS)

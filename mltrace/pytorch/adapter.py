@@ -227,14 +227,15 @@ class TorchAdapter(Adapter):
             host.update({id(s): values[a:b] for s, a, b in zip(here, offsets, offsets[1:])})
         return [s.results(host[id(s)]) if isinstance(s, DeviceReductions) else s for s in started]
 
-    def step_copies(self, items: ReductionItems, ring_steps: int, max_bytes: int) -> CopyRing | None:
+    def step_copies(self, items: ReductionItems, ring_steps: int, max_bytes: int,
+                    checked: bool) -> CopyRing | None:
         """A ring of copies (mltrace.pytorch.copy_ring) where reducing a tensor takes more than
         one kernel: min and max alone are one ``aminmax``, no dearer than a copy, and a median
         has no fused kernel."""
         canonical = [(canonical_name(n), a) for n, a in items]
         if sorted(canonical) == [("max", False), ("min", False)] or any(n == "median" for n, _ in canonical):
             return None
-        return CopyRing(canonical, ring_steps, max_bytes, self)
+        return CopyRing(canonical, ring_steps, max_bytes, self, checked)
 
     def reductions_to_flat(self, started: list[Any]) -> np.ndarray:
         """A step's reductions in one device-to-host copy, when all of them wait on one device

@@ -54,13 +54,18 @@ class CopiedStep:
     #: per handle in step order, True for a copy; None when all are copies
     kinds: list[bool] | None = None
     widths: list[int] | None = None  # the other handles' widths (their reductions), in order
+    #: the sum of a full slot, taken by the ring after the step's last copy (see
+    #: :meth:`CopyRing.reducer`); None: :meth:`finite` sums ``used`` itself
+    total: torch.Tensor | None = None
 
     def finite(self, adapter: Any) -> bool:
         """True if every copied value and every other reduction is finite: one sum over the
         slot, read with the other handles' values in one copy where they share its device.
         False may also be a sum that overflowed (the recorder then looks tensor by tensor).
         Asked of the step just packed, whose slot is its own."""
-        total = self.used.sum()
+        total, self.total = self.total, None
+        if total is None:
+            total = self.used.sum()
         rest = self.rest
         adapter.host_transfers += 1
         if not rest:
@@ -112,14 +117,17 @@ class CopyRing:
         ring_steps: how many steps the recorder's ring keeps.
         max_bytes: what the slots may take together; more and no ring is made.
         adapter: the PyTorch adapter (packs, reads and counts what is not copied).
+        checked: the recorder checks each step for non-finite values (:meth:`CopiedStep.finite`):
+            a full slot is summed as soon as its last copy is made.
     """
 
     def __init__(self, items: list[tuple[str, bool]], ring_steps: int, max_bytes: int,
-                 adapter: Adapter) -> None:
+                 adapter: Adapter, checked: bool = True) -> None:
         self.reduce_copy = fused_reductions(items)
         self.slots = ring_steps + 2
         self.max_bytes = max_bytes
         self.adapter = adapter
+        self.checked = checked
         self.nbytes = 0  # the slots' bytes, once made
         #: (shape, device) of the first recorded step's tensors, until the slots are made
         self._learning: list[tuple[torch.Size, torch.device]] | None = []
@@ -132,6 +140,7 @@ class CopyRing:
         self._ends: list[int] = []  # where each position's copy ends in a slot
         self._owners: list[Callable[[], CopiedStep | None] | None] = []  # weak, per slot
         self._slot = -1  # the current step's, or the last one taken
+        self._total: torch.Tensor | None = None  # the current slot's sum, once it is full
         self._needs_slot = False  # the next tensor starts a step: take a free slot first
         self._mismatched = False  # this step stopped copying at a tensor the layout did not have
         self._misses = 0
@@ -142,8 +151,12 @@ class CopyRing:
         """The recorder's per-tensor call: a copy into the current slot (a view of it is the
         handle) when the tensor matches the layout at its position, else ``fallback(value)``
         (the reductions, computed now). Runs for every recorded tensor of every step, so the
-        matching case is written out in one call."""
-        plain, copied_dtypes = _PLAIN_TYPES, COPIED_DTYPES
+        matching case is written out in one call.
+
+        The copy that fills the slot is followed by the slot's sum, for the step's check: the
+        same kernel costs about half as much here as at the step's end, after the optimizer's
+        (measured on a CPU: 3.5-4 against 6-7 µs), and on an accelerator it is queued sooner."""
+        plain, copied_dtypes, checked = _PLAIN_TYPES, COPIED_DTYPES, self.checked
 
         def copy_or_reduce(t: Any) -> Any:
             i = self.position
@@ -151,7 +164,9 @@ class CopyRing:
             if i < len(views) and type(t) in plain and t.shape == self._shapes[i] and t.dtype in copied_dtypes:
                 view = views[i]
                 view.copy_(t.detach() if t.requires_grad else t)
-                self.position = i + 1
+                self.position = i = i + 1
+                if i == len(views) and checked:
+                    self._total = self._flats[self._slot].sum()
                 return view
             return self._not_copied(t, fallback)
 
@@ -197,27 +212,34 @@ class CopyRing:
         """Close the step whose handles are ``started``: a :class:`CopiedStep` if it copied
         anything, else the adapter's packing of its reductions."""
         copied, self.position = self.position, 0
+        total, self._total = self._total, None  # the slot's sum, if the step filled it
         self._misses = self._misses + 1 if self._mismatched else 0
         self._mismatched = False
         if self._learning is not None and started:
             self._make_slots(self._learning)
-        elif self._misses >= MISSES_TO_STOP:
-            self.release()
-        if copied == 0:
-            self._next_slot()
-            return self.adapter.pack_reductions(started) if started else started
+        if copied:
+            packed: list[Any] = [self._copied_step(started, copied, total)]
+        else:
+            packed = self.adapter.pack_reductions(started) if started else started
+        if self._misses >= MISSES_TO_STOP:
+            self.release()  # after the step is made: it keeps its own views of its slot
+        self._next_slot()
+        return packed
+
+    def _copied_step(self, started: list[Any], copied: int, total: torch.Tensor | None) -> CopiedStep:
+        """The step whose first ``copied`` tensors are in the current slot, which it now owns."""
         slot = self._slot
         used = self._flats[slot] if copied == len(self._ends) else self._flats[slot][:self._ends[copied - 1]]
         if copied == len(started):
-            step = CopiedStep(self, slot, started, used, [])
+            step = CopiedStep(self, slot, started, used, [], total=total)
         else:
             kinds = [type(s) is torch.Tensor for s in started]
             others = [s for s, is_copy in zip(started, kinds) if not is_copy]
             step = CopiedStep(self, slot, [s for s, is_copy in zip(started, kinds) if is_copy], used,
-                              self.adapter.pack_reductions(others), kinds, [_width(s) for s in others])
+                              self.adapter.pack_reductions(others), kinds, [_width(s) for s in others],
+                              total)
         self._owners[slot] = weakref.ref(step)
-        self._next_slot()
-        return [step]
+        return step
 
     def _next_slot(self) -> None:
         """The next step's slot, if one is free now (else at its first tensor): mostly the one
@@ -236,6 +258,7 @@ class CopyRing:
         self._learning = None
         self._slot_views, self._flats, self.views, self.nbytes = [], [], [], 0
         self._needs_slot = False
+        self._total = None
 
     def _make_slots(self, layout: list[tuple[torch.Size, torch.device]]) -> None:
         self._learning = None
