@@ -1,8 +1,21 @@
 """Cost of the flight recorder on the benchmark MLP (issue "catch the moment").
 
-Variants, their runs interleaved in one process (bench/README.md's protocol: one warm-up run and
-``--runs`` measured runs each, the median reported; a run is a fresh model, hook and out_dir,
-``--steps`` steps plus ``hook.close()``):
+Two protocols, one process, one thread:
+
+* ``--protocol runs`` (bench/README.md's protocol): the variants' runs interleaved, one warm-up
+  run and ``--runs`` measured runs each, the median reported; a run is a fresh model, hook and
+  out_dir, ``--steps`` steps plus ``hook.close()``.
+* ``--protocol blocks`` (the default): every variant made once and kept alive, one untimed
+  block of ``--block`` steps each, then ``--blocks`` rounds each timing one block of every
+  variant in turn (the order alternating). The recorder is timed in its steady state (its ring
+  full), and the blocks of a round are milliseconds apart, so a machine that slows down for a
+  while (a shared VM) moves both sides of a paired ratio. ``hook`` saves only its step 0 here.
+  torch.optim's step hooks are global, so each mltrace hook alive would also be called after
+  the other models' optimizer steps: only the timed variant's hook is installed during its
+  block. ``saving`` is left out (its writer thread would still be writing during the next
+  variant's block).
+
+Variants:
 
 * ``none``: no hook.
 * ``hook``: mltrace's hook saving the losses every 1000 steps, no recorder: nothing is due after
@@ -16,6 +29,8 @@ Variants, their runs interleaved in one process (bench/README.md's protocol: one
   until a dump. ``recorder`` minus this is the check alone.
 * ``recorder_minmax``: ``recorder`` keeping only min and max (one ``aminmax`` per tensor, no
   copies: a copy costs as much): what the choice of reductions costs.
+* ``recorder_minmax_nocheck``: the same without the check (its reductions are read on the host
+  when the step is packed all the same: the check only tests them).
 * ``saving``: no recorder; the hook saves the same reductions of the same tensors to the trial
   on every step (what a run would do to have every step without a recorder).
 
@@ -36,7 +51,8 @@ and the range over rounds. Runs of one round are seconds apart, so a machine tha
 a while moves both sides of a paired ratio; the ratio of medians pairs runs of different rounds.
 
 Example:
-    .venv/bin/python bench/flight_recorder.py --steps 500 --runs 5
+    .venv/bin/python bench/flight_recorder.py [--blocks 60 --block 100]
+    .venv/bin/python bench/flight_recorder.py --protocol runs --steps 500 --runs 5
 """
 
 from __future__ import annotations
@@ -62,28 +78,30 @@ from torch import nn  # noqa: E402
 import mltrace.pytorch as smd  # noqa: E402
 from mltrace.capture.recorder_config import DEFAULT_REDUCTIONS  # noqa: E402
 
-VARIANTS = ("none", "hook", "recorder", "recorder_nocheck", "recorder_minmax", "saving",
+VARIANTS = ("none", "hook", "recorder", "recorder_nocheck", "recorder_minmax", "recorder_minmax_nocheck", "saving",
             "noop_hooks", "lean", "lean_minmax")
 BUDGET = 16 * 1024 * 1024
+CHECKED = ("recorder", "recorder_minmax")  # each against its ``_nocheck`` twin
 
 
-def _hook(variant: str, out_dir: str) -> Any:
+def _hook(variant: str, out_dir: str, interval: int = 1000) -> Any:
     if variant == "none":
         return None
     recorder = None
+    smd.del_hook()  # the collection below is the next hook's, not a live one's (blocks protocol)
     smd.get_collection("activations").include(r"_output_0$")  # every module's output
     if variant.startswith("recorder"):
         recorder = smd.FlightRecorderConfig(
             steps=50, collections=["gradients", "activations"], loss_spike=None,
-            nonfinite=variant != "recorder_nocheck", memory_budget=BUDGET,
-            reductions=["min", "max"] if variant == "recorder_minmax" else list(DEFAULT_REDUCTIONS))
+            nonfinite=not variant.endswith("_nocheck"), memory_budget=BUDGET,
+            reductions=["min", "max"] if "minmax" in variant else list(DEFAULT_REDUCTIONS))
     if variant == "saving":
         hook = smd.Hook(out_dir=out_dir, save_config=smd.SaveConfig(save_interval=1),
                         include_collections=["gradients", "activations"],
                         reduction_config=smd.ReductionConfig(reductions=["min", "max", "mean", "std"],
                                                              norms=["l2"]))
         return hook
-    hook = smd.Hook(out_dir=out_dir, save_config=smd.SaveConfig(save_interval=1000),
+    hook = smd.Hook(out_dir=out_dir, save_config=smd.SaveConfig(save_interval=interval),
                     include_collections=["losses"], flight_recorder=recorder)
     return hook
 
@@ -125,15 +143,21 @@ class LeanRecorder:
         del self.ring[:-50]
 
 
-def one_run(variant: str, out_dir: str, data: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+def _trainer(variant: str, out_dir: str, interval: int = 1000) -> tuple[nn.Module, nn.Module, Any, Any]:
+    """(model, loss, optimizer, mltrace hook or None) of ``variant``, hooks registered."""
     model, loss_fn = make_model(), nn.MSELoss()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    hook = _hook("hook" if variant in ("noop_hooks", "lean", "lean_minmax") else variant, out_dir)
+    hook = _hook("hook" if variant in ("noop_hooks", "lean", "lean_minmax") else variant, out_dir, interval)
     if hook is not None:
         hook.register_module(model)
         hook.register_loss(loss_fn)
     if variant in ("noop_hooks", "lean", "lean_minmax"):
         LeanRecorder(model, loss_fn, reduce=variant != "noop_hooks", minmax=variant == "lean_minmax")
+    return model, loss_fn, opt, hook
+
+
+def one_run(variant: str, out_dir: str, data: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+    model, loss_fn, opt, hook = _trainer(variant, out_dir)
     gc.collect()
     start = time.perf_counter()
     train_steps(model, loss_fn, opt, data)
@@ -145,58 +169,111 @@ def one_run(variant: str, out_dir: str, data: list[tuple[torch.Tensor, torch.Ten
     return {"ms_per_step": elapsed * 1000.0 / len(data), "ring_bytes": ring, "ring_steps": kept}
 
 
+def measure_runs(args: argparse.Namespace, workdir: str) -> dict[str, list[dict[str, float]]]:
+    """The ``runs`` protocol (see the module docstring): per variant, its measured runs."""
+    data = make_data(args.steps)
+    runs: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
+    for k in range(args.runs + 1):  # the first round warms up
+        for variant in VARIANTS:
+            result = one_run(variant, os.path.join(workdir, f"{variant}_{k}"), data)
+            if k:
+                runs[variant].append(result)
+    return runs
+
+
+def measure_blocks(args: argparse.Namespace, workdir: str) -> dict[str, list[dict[str, float]]]:
+    """The ``blocks`` protocol (see the module docstring): per variant, its timed blocks."""
+    data = make_data(args.block)
+    total = args.block * (args.blocks + 1)
+    variants = [v for v in VARIANTS if v != "saving"]
+    trainers = {v: _trainer(v, os.path.join(workdir, v), interval=total + 1) for v in variants}
+    hooks = [hook for _, _, _, hook in trainers.values() if hook is not None]
+
+    def only(hook: Any) -> None:  # the optimizer-step hook of ``hook`` alone, if any
+        for other in hooks:
+            other.torch.optimizer_steps.remove()
+        if hook is not None:
+            hook.torch.optimizer_steps.install()
+
+    for model, loss_fn, opt, hook in trainers.values():  # the untimed block: the ring fills
+        only(hook)
+        train_steps(model, loss_fn, opt, data)
+    runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+    gc.collect()
+    for k in range(args.blocks):
+        for variant in variants if k % 2 else variants[::-1]:
+            model, loss_fn, opt, hook = trainers[variant]
+            only(hook)
+            start = time.perf_counter()
+            train_steps(model, loss_fn, opt, data)
+            elapsed = time.perf_counter() - start
+            recorder = hook.recorder if hook is not None else None
+            runs[variant].append({"ms_per_step": elapsed * 1000.0 / len(data),
+                                  "ring_bytes": recorder.ring_bytes if recorder is not None else 0,
+                                  "ring_steps": len(recorder.ring) if recorder is not None else 0})
+    for variant, (_, _, _, hook) in trainers.items():
+        if hook is not None:
+            hook.close()
+            if hook.step != total - 1:
+                raise RuntimeError(f"{variant}: the hook counted {hook.step + 1} steps of {total}")
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=500)
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--protocol", choices=("blocks", "runs"), default="blocks")
+    parser.add_argument("--steps", type=int, default=500, help="runs: steps per run")
+    parser.add_argument("--runs", type=int, default=5, help="runs: measured runs per variant")
+    parser.add_argument("--block", type=int, default=100, help="blocks: steps per block")
+    parser.add_argument("--blocks", type=int, default=60, help="blocks: timed rounds")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    data = make_data(args.steps)
-    runs: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
     load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as workdir:
-        for k in range(args.runs + 1):  # the first round warms up
-            for variant in VARIANTS:
-                result = one_run(variant, os.path.join(workdir, f"{variant}_{k}"), data)
-                if k:
-                    runs[variant].append(result)
-    ms = {v: statistics.median(r["ms_per_step"] for r in runs[v]) for v in VARIANTS}
+        runs = (measure_blocks if args.protocol == "blocks" else measure_runs)(args, workdir)
+    variants = list(runs)
+    ms = {v: statistics.median(r["ms_per_step"] for r in runs[v]) for v in variants}
     paired = {v: [r["ms_per_step"] / h["ms_per_step"] for r, h in zip(runs[v], runs["hook"])]
-              for v in VARIANTS}
+              for v in variants}
     out = {
         "ms_per_step": ms,
-        "runs_ms_per_step": {v: [r["ms_per_step"] for r in runs[v]] for v in VARIANTS},
+        "runs_ms_per_step": {v: [r["ms_per_step"] for r in runs[v]] for v in variants},
         "recorder_over_hook": ms["recorder"] / ms["hook"],
         "paired_over_hook": {v: {"median": statistics.median(paired[v]), "min": min(paired[v]),
-                                 "max": max(paired[v])} for v in VARIANTS},
+                                 "max": max(paired[v])} for v in variants},
         "recorder_added_over_hook_added": (ms["recorder"] - ms["none"]) / max(ms["hook"] - ms["none"], 1e-9),
-        "check_share_of_step": (ms["recorder"] - ms["recorder_nocheck"]) / ms["recorder_nocheck"],
-        "check_share_paired": statistics.median(
-            r["ms_per_step"] / n["ms_per_step"] - 1.0 for r, n in zip(runs["recorder"], runs["recorder_nocheck"])),
+        "check_share_of_step": {v: (ms[v] - ms[f"{v}_nocheck"]) / ms[f"{v}_nocheck"] for v in CHECKED},
+        "check_share_paired": {v: statistics.median(r["ms_per_step"] / n["ms_per_step"] - 1.0
+                                                    for r, n in zip(runs[v], runs[f"{v}_nocheck"]))
+                               for v in CHECKED},
         "ring_bytes": max(r["ring_bytes"] for r in runs["recorder"]),
         "ring_steps": max(r["ring_steps"] for r in runs["recorder"]),
         "budget_bytes": BUDGET,
         "load": [load_start, os.getloadavg()[0]],
-        "steps": args.steps,
-        "runs": args.runs,
+        "protocol": args.protocol,
+        **({"block": args.block, "blocks": args.blocks} if args.protocol == "blocks"
+           else {"steps": args.steps, "runs": args.runs}),
     }
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
-    print(f"flight recorder on the benchmark MLP ({args.steps} steps, median of {args.runs} runs, "
-          f"load {out['load'][0]:.1f} -> {out['load'][1]:.1f})")
-    for v in VARIANTS:
-        print(f"  {v:18s} {ms[v]:.4f} ms/step  ({ms[v] / ms['none']:.3f}x no hook)")
+    how = (f"{args.blocks} rounds of {args.block}-step blocks, variants alive at once"
+           if args.protocol == "blocks" else f"{args.steps} steps, median of {args.runs} runs")
+    print(f"flight recorder on the benchmark MLP ({how}, load {out['load'][0]:.1f} -> {out['load'][1]:.1f})")
+    for v in variants:
+        print(f"  {v:24s} {ms[v]:.4f} ms/step  ({ms[v] / ms['none']:.3f}x no hook)")
     print(f"  recorder / hook (step time)            {out['recorder_over_hook']:.3f}")
     print(f"  recorder's added time / hook's added   {out['recorder_added_over_hook_added']:.2f}")
-    print(f"  non-finite check alone, share of step  {out['check_share_of_step'] * 100:+.1f}% "
-          f"(paired within rounds: {out['check_share_paired'] * 100:+.1f}%)")
+    for v in CHECKED:
+        print(f"  non-finite check alone, share of the step ({v}): "
+              f"{out['check_share_of_step'][v] * 100:+.1f}%; paired {out['check_share_paired'][v] * 100:+.1f}%")
     print(f"  ring: {out['ring_steps']} steps, {out['ring_bytes']} bytes (budget {BUDGET})")
     print("  / hook: ratio of medians; paired within rounds, median [min, max]")
-    for v in ("noop_hooks", "lean", "lean_minmax", "recorder", "recorder_nocheck", "recorder_minmax"):
+    for v in ("noop_hooks", "lean", "lean_minmax", "recorder", "recorder_nocheck", "recorder_minmax",
+              "recorder_minmax_nocheck"):
         pair = out["paired_over_hook"][v]
-        print(f"  {v} / hook{'':{18 - len(v)}} {ms[v] / ms['hook']:.3f}; paired {pair['median']:.3f} "
+        print(f"  {v} / hook{'':{24 - len(v)}} {ms[v] / ms['hook']:.3f}; paired {pair['median']:.3f} "
               f"[{pair['min']:.3f}, {pair['max']:.3f}]")
     return 0
 
