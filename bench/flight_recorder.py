@@ -7,13 +7,18 @@ Two protocols, one process, one thread:
   out_dir, ``--steps`` steps plus ``hook.close()``.
 * ``--protocol blocks`` (the default): every variant made once and kept alive, one untimed
   block of ``--block`` steps each, then ``--blocks`` rounds each timing one block of every
-  variant in turn (the order alternating). The recorder is timed in its steady state (its ring
+  variant in turn, in an order shuffled each round (a block after one of the same trainer starts
+  with its caches warm: a fixed order would favour the same variants every round). The recorder is timed in its steady state (its ring
   full), and the blocks of a round are milliseconds apart, so a machine that slows down for a
   while (a shared VM) moves both sides of a paired ratio. ``hook`` saves only its step 0 here.
   torch.optim's step hooks are global, so each mltrace hook alive would also be called after
   the other models' optimizer steps: only the timed variant's hook is installed during its
   block. ``saving`` is left out (its writer thread would still be writing during the next
-  variant's block).
+  variant's block). The ``_nocheck`` variants and the one-op yardstick are not trainers of their
+  own here: they are blocks of their checked twin's trainer, its check switched off (and the op
+  on) for the block. Two trainers made alike differ by a point or two on their own, for as long
+  as the process lives (measured: ``recorder_minmax``'s check, which only tests 18 floats read
+  anyway, read +1.0% to +2.5% between two trainers), which is the size of what is measured.
 
 Variants:
 
@@ -27,6 +32,10 @@ Variants:
   ring's memory printed includes the slots.
 * ``recorder_nocheck``: the same without the non-finite check: nothing is read on the host
   until a dump. ``recorder`` minus this is the check alone.
+* ``recorder_nocheck_one_op`` (a yardstick): ``recorder_nocheck`` plus, in backward, one PyTorch
+  op on 64 values and one read of its result (``sum().item()`` in a gradient hook of the first
+  layer's weight, not mltrace): the least any on-device check per step costs, one op and one
+  host transfer. On a step this small that is a cold kernel call, not arithmetic.
 * ``recorder_minmax``: ``recorder`` keeping only min and max (one ``aminmax`` per tensor, no
   copies: a copy costs as much): what the choice of reductions costs.
 * ``recorder_minmax_nocheck``: the same without the check (its reductions are read on the host
@@ -58,10 +67,12 @@ Example:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import math
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -78,10 +89,13 @@ from torch import nn  # noqa: E402
 import mltrace.pytorch as smd  # noqa: E402
 from mltrace.capture.recorder_config import DEFAULT_REDUCTIONS  # noqa: E402
 
-VARIANTS = ("none", "hook", "recorder", "recorder_nocheck", "recorder_minmax", "recorder_minmax_nocheck", "saving",
-            "noop_hooks", "lean", "lean_minmax")
+VARIANTS = ("none", "hook", "recorder", "recorder_nocheck", "recorder_nocheck_one_op", "recorder_minmax",
+            "recorder_minmax_nocheck", "saving", "noop_hooks", "lean", "lean_minmax")
 BUDGET = 16 * 1024 * 1024
 CHECKED = ("recorder", "recorder_minmax")  # each against its ``_nocheck`` twin
+ONE_OP = "recorder_nocheck_one_op"  # against ``recorder_nocheck``: the floor of any check
+#: blocks protocol: variants timed on their checked twin's trainer (see the module docstring)
+TWIN_OF = {"recorder_nocheck": "recorder", ONE_OP: "recorder", "recorder_minmax_nocheck": "recorder_minmax"}
 
 
 def _hook(variant: str, out_dir: str, interval: int = 1000) -> Any:
@@ -147,13 +161,35 @@ def _trainer(variant: str, out_dir: str, interval: int = 1000) -> tuple[nn.Modul
     """(model, loss, optimizer, mltrace hook or None) of ``variant``, hooks registered."""
     model, loss_fn = make_model(), nn.MSELoss()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    hook = _hook("hook" if variant in ("noop_hooks", "lean", "lean_minmax") else variant, out_dir, interval)
+    mltrace_variant = "recorder_nocheck" if variant == ONE_OP else variant
+    hook = _hook("hook" if variant in ("noop_hooks", "lean", "lean_minmax") else mltrace_variant, out_dir, interval)
     if hook is not None:
         hook.register_module(model)
         hook.register_loss(loss_fn)
     if variant in ("noop_hooks", "lean", "lean_minmax"):
         LeanRecorder(model, loss_fn, reduce=variant != "noop_hooks", minmax=variant == "lean_minmax")
+    if variant == ONE_OP:
+        _one_op(model)
     return model, loss_fn, opt, hook
+
+
+def _one_op(model: nn.Module) -> Any:
+    """The one-op yardstick's gradient hook on ``model``'s first parameter (its handle)."""
+    scratch = torch.ones(64)
+
+    def one_op(grad: torch.Tensor) -> None:
+        scratch.sum().item()
+
+    return next(model.parameters()).register_hook(one_op)
+
+
+def _set_check(hook: Any, on: bool) -> None:
+    """Switch the recorder's non-finite check on or off between blocks (blocks protocol). Through
+    its internals: no user needs that switch, the recorder is configured once."""
+    recorder = hook.recorder
+    recorder.config = dataclasses.replace(recorder.config, nonfinite=on)
+    if recorder._copies is not None:
+        recorder._copies.checked = on
 
 
 def one_run(variant: str, out_dir: str, data: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
@@ -184,10 +220,11 @@ def measure_runs(args: argparse.Namespace, workdir: str) -> dict[str, list[dict[
 def measure_blocks(args: argparse.Namespace, workdir: str) -> dict[str, list[dict[str, float]]]:
     """The ``blocks`` protocol (see the module docstring): per variant, its timed blocks."""
     data = make_data(args.block)
-    total = args.block * (args.blocks + 1)
     variants = [v for v in VARIANTS if v != "saving"]
-    trainers = {v: _trainer(v, os.path.join(workdir, v), interval=total + 1) for v in variants}
+    trainers = {v: _trainer(v, os.path.join(workdir, v), interval=1 << 30)
+                for v in variants if v not in TWIN_OF}
     hooks = [hook for _, _, _, hook in trainers.values() if hook is not None]
+    steps = dict.fromkeys(trainers, args.block)  # the untimed block
 
     def only(hook: Any) -> None:  # the optimizer-step hook of ``hook`` alone, if any
         for other in hooks:
@@ -200,13 +237,21 @@ def measure_blocks(args: argparse.Namespace, workdir: str) -> dict[str, list[dic
         train_steps(model, loss_fn, opt, data)
     runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
     gc.collect()
-    for k in range(args.blocks):
-        for variant in variants if k % 2 else variants[::-1]:
-            model, loss_fn, opt, hook = trainers[variant]
+    order = random.Random(0)
+    for _ in range(args.blocks):
+        for variant in order.sample(variants, len(variants)):
+            twin = TWIN_OF.get(variant, variant)
+            model, loss_fn, opt, hook = trainers[twin]
             only(hook)
+            if hook is not None and hook.recorder is not None:
+                _set_check(hook, variant == twin)
+            extra = _one_op(model) if variant == ONE_OP else None
             start = time.perf_counter()
             train_steps(model, loss_fn, opt, data)
             elapsed = time.perf_counter() - start
+            steps[twin] += args.block
+            if extra is not None:
+                extra.remove()
             recorder = hook.recorder if hook is not None else None
             runs[variant].append({"ms_per_step": elapsed * 1000.0 / len(data),
                                   "ring_bytes": recorder.ring_bytes if recorder is not None else 0,
@@ -214,8 +259,8 @@ def measure_blocks(args: argparse.Namespace, workdir: str) -> dict[str, list[dic
     for variant, (_, _, _, hook) in trainers.items():
         if hook is not None:
             hook.close()
-            if hook.step != total - 1:
-                raise RuntimeError(f"{variant}: the hook counted {hook.step + 1} steps of {total}")
+            if hook.step != steps[variant] - 1:
+                raise RuntimeError(f"{variant}: the hook counted {hook.step + 1} steps of {steps[variant]}")
     return runs
 
 
@@ -247,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
         "check_share_paired": {v: statistics.median(r["ms_per_step"] / n["ms_per_step"] - 1.0
                                                     for r, n in zip(runs[v], runs[f"{v}_nocheck"]))
                                for v in CHECKED},
+        "one_op_share_of_step": (ms[ONE_OP] - ms["recorder_nocheck"]) / ms["recorder_nocheck"],
+        "one_op_share_paired": statistics.median(r["ms_per_step"] / n["ms_per_step"] - 1.0
+                                                 for r, n in zip(runs[ONE_OP], runs["recorder_nocheck"])),
         "ring_bytes": max(r["ring_bytes"] for r in runs["recorder"]),
         "ring_steps": max(r["ring_steps"] for r in runs["recorder"]),
         "budget_bytes": BUDGET,
@@ -268,9 +316,11 @@ def main(argv: list[str] | None = None) -> int:
     for v in CHECKED:
         print(f"  non-finite check alone, share of the step ({v}): "
               f"{out['check_share_of_step'][v] * 100:+.1f}%; paired {out['check_share_paired'][v] * 100:+.1f}%")
+    print(f"  one PyTorch op and one read, share of the step (yardstick, {ONE_OP} / recorder_nocheck): "
+          f"{out['one_op_share_of_step'] * 100:+.1f}%; paired {out['one_op_share_paired'] * 100:+.1f}%")
     print(f"  ring: {out['ring_steps']} steps, {out['ring_bytes']} bytes (budget {BUDGET})")
     print("  / hook: ratio of medians; paired within rounds, median [min, max]")
-    for v in ("noop_hooks", "lean", "lean_minmax", "recorder", "recorder_nocheck", "recorder_minmax",
+    for v in ("noop_hooks", "lean", "lean_minmax", "recorder", "recorder_nocheck", ONE_OP, "recorder_minmax",
               "recorder_minmax_nocheck"):
         pair = out["paired_over_hook"][v]
         print(f"  {v} / hook{'':{24 - len(v)}} {ms[v] / ms['hook']:.3f}; paired {pair['median']:.3f} "

@@ -173,6 +173,7 @@ def test_a_nan_or_an_infinity_in_a_copy_fails_the_steps_check(position):
 
 
 def test_a_ring_whose_steps_are_not_checked_sums_nothing_and_a_partial_slot_is_summed_when_read():
+    """Also: ``checked`` switched on while the ring records takes effect at the next step."""
     adapter = TorchAdapter()
     gen = torch.Generator().manual_seed(9)
     ring = CopyRing(DEFAULT, 3, 1 << 20, adapter, checked=False)
@@ -180,6 +181,9 @@ def test_a_ring_whose_steps_are_not_checked_sums_nothing_and_a_partial_slot_is_s
     ring.pack([reduce(t) for t in _step(gen, LAYOUT)])
     (step,) = ring.pack([reduce(t) for t in _step(gen, LAYOUT)])
     assert step.total is None and step.finite(adapter)
+    ring.checked = True  # read at each step's last copy: switched on, the next step is summed
+    (step,) = ring.pack([reduce(t) for t in _step(gen, LAYOUT)])
+    assert step.total is not None and step.finite(adapter)
     _, ring, reduce, _ = _ring()
     ring.pack([reduce(t) for t in _step(gen, LAYOUT)])
     tensors = _step(gen, [LAYOUT[0], (9,)])  # the second tensor does not match: one copy

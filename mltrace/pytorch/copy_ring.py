@@ -118,7 +118,8 @@ class CopyRing:
         max_bytes: what the slots may take together; more and no ring is made.
         adapter: the PyTorch adapter (packs, reads and counts what is not copied).
         checked: the recorder checks each step for non-finite values (:meth:`CopiedStep.finite`):
-            a full slot is summed as soon as its last copy is made.
+            a full slot is summed as soon as its last copy is made. Read at each step's last
+            copy (``self.checked``), so it may change between steps.
     """
 
     def __init__(self, items: list[tuple[str, bool]], ring_steps: int, max_bytes: int,
@@ -156,7 +157,7 @@ class CopyRing:
         The copy that fills the slot is followed by the slot's sum, for the step's check: the
         same kernel costs about half as much here as at the step's end, after the optimizer's
         (measured on a CPU: 3.5-4 against 6-7 µs), and on an accelerator it is queued sooner."""
-        plain, copied_dtypes, checked = _PLAIN_TYPES, COPIED_DTYPES, self.checked
+        plain, copied_dtypes = _PLAIN_TYPES, COPIED_DTYPES
 
         def copy_or_reduce(t: Any) -> Any:
             i = self.position
@@ -165,7 +166,7 @@ class CopyRing:
                 view = views[i]
                 view.copy_(t.detach() if t.requires_grad else t)
                 self.position = i = i + 1
-                if i == len(views) and checked:
+                if i == len(views) and self.checked:
                     self._total = self._flats[self._slot].sum()
                 return view
             return self._not_copied(t, fallback)
