@@ -7,10 +7,11 @@ Two protocols, one process, one thread:
   out_dir, ``--steps`` steps plus ``hook.close()``.
 * ``--protocol blocks`` (the default): every variant made once and kept alive, one untimed
   block of ``--block`` steps each, then ``--blocks`` rounds each timing one block of every
-  variant in turn, in an order shuffled each round (a block after one of the same trainer starts
-  with its caches warm: a fixed order would favour the same variants every round). The recorder is timed in its steady state (its ring
-  full), and the blocks of a round are milliseconds apart, so a machine that slows down for a
-  while (a shared VM) moves both sides of a paired ratio. ``hook`` saves only its step 0 here.
+  variant in turn, in an order shuffled each round (a block right after one of the same trainer
+  starts with its caches warm: a fixed order would favour the same variants every round). The
+  recorder is timed in its steady state (its ring full), and the blocks of a round are
+  milliseconds apart, so a machine that slows down for a while (a shared VM) moves both sides of
+  a paired ratio. ``hook`` saves only its step 0 here.
   torch.optim's step hooks are global, so each mltrace hook alive would also be called after
   the other models' optimizer steps: only the timed variant's hook is installed during its
   block. ``saving`` is left out (its writer thread would still be writing during the next
@@ -96,6 +97,8 @@ CHECKED = ("recorder", "recorder_minmax")  # each against its ``_nocheck`` twin
 ONE_OP = "recorder_nocheck_one_op"  # against ``recorder_nocheck``: the floor of any check
 #: blocks protocol: variants timed on their checked twin's trainer (see the module docstring)
 TWIN_OF = {"recorder_nocheck": "recorder", ONE_OP: "recorder", "recorder_minmax_nocheck": "recorder_minmax"}
+#: the mltrace hook of the variants that add something of their own to one
+_MLTRACE_PART = {ONE_OP: "recorder_nocheck", "noop_hooks": "hook", "lean": "hook", "lean_minmax": "hook"}
 
 
 def _hook(variant: str, out_dir: str, interval: int = 1000) -> Any:
@@ -161,8 +164,7 @@ def _trainer(variant: str, out_dir: str, interval: int = 1000) -> tuple[nn.Modul
     """(model, loss, optimizer, mltrace hook or None) of ``variant``, hooks registered."""
     model, loss_fn = make_model(), nn.MSELoss()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    mltrace_variant = "recorder_nocheck" if variant == ONE_OP else variant
-    hook = _hook("hook" if variant in ("noop_hooks", "lean", "lean_minmax") else mltrace_variant, out_dir, interval)
+    hook = _hook(_MLTRACE_PART.get(variant, variant), out_dir, interval)
     if hook is not None:
         hook.register_module(model)
         hook.register_loss(loss_fn)
