@@ -64,7 +64,6 @@ class _Tensor:
     name: str
     items: ReductionItems
     scalar: bool  # a scalar collection's one-element tensor: its value is written raw
-    loss: bool  # in the losses collection (watched for spikes)
     offset: int  # where its reductions start in the step's flat array
     shape: tuple[int, ...] = ()
     dtype: Any = None
@@ -260,7 +259,7 @@ class FlightRecorder:
     def _keep_reductions(self, step: _Step, name: str, started: Any, raw: Any = None) -> None:
         """Add a tensor's reductions (the adapter's handle ``started``) and its raw copy, if
         any, to ``step``."""
-        step.tensors.append(_Tensor(name, self.items, False, False, step.size, raw=raw))
+        step.tensors.append(_Tensor(name, self.items, False, step.size, raw=raw))
         step.started.append(started)
         step.size += self._width
         step.nbytes += self._tensor_bytes + (self.adapter.nbytes(raw) if raw is not None else 0)
@@ -279,7 +278,7 @@ class FlightRecorder:
         if not all(d == 1 for d in shape):
             self._keep_reductions(step, name, self._reduce(value))
             return
-        tensor = _Tensor(name, _SCALAR_ITEMS, True, loss, step.size, shape, dtype)
+        tensor = _Tensor(name, _SCALAR_ITEMS, True, step.size, shape, dtype)
         started = self._reduce_scalar(value)
         step.tensors.append(tensor)
         step.started.append(started)
@@ -525,7 +524,7 @@ class FlightRecorder:
         layout: list[_Tensor] = []
         offset = 0
         for entry in step.tensors:
-            tensor = _Tensor(entry, self.items, False, False, offset) if isinstance(entry, str) else entry
+            tensor = _Tensor(entry, self.items, False, offset) if isinstance(entry, str) else entry
             layout.append(tensor)
             offset += len(tensor.items)
         step.tensors = list(layout)

@@ -56,10 +56,10 @@ class HostReductions:
 
 def read_on_cpu(started: list[Any]) -> HostReductions | None:
     """``started`` (DeviceReductions fresh from the reducer) read into one float64 array, if the
-    first is on the CPU; else None (also for packed handles, which have no parts). On a CPU the results exist
-    already: reading each 0-d tensor as a float costs about half of stacking them (one op that
-    allocates), measured in place at the end of a training step (the flight recorder packs
-    every step)."""
+    first is on the CPU; else None (also for packed handles, which have no parts). On a CPU the
+    results exist already: reading each 0-d tensor as a float costs about half of stacking them
+    (one op that allocates), measured in place at the end of a training step (the flight
+    recorder packs every step)."""
     # Asking every handle its type and device costs about as much as reading the values, so
     # only the first is asked where the values are: a part on another device reads right too,
     # just not as fast. A handle without parts (not DeviceReductions) stops the reading.
