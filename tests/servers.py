@@ -12,7 +12,6 @@ more on 2 cores); SIGTERM to its PID stops it and its children.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -20,10 +19,11 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,11 +38,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait(check, timeout: float, what: str, proc: subprocess.Popen, log: str) -> None:
+def _wait(check, timeout: float, what: str, proc: subprocess.Popen, log: str,
+          failed: Callable[[], bool] = lambda: False) -> None:
+    """Wait until ``check()`` is true; raise if ``proc`` exits, if ``failed()`` (a server that
+    logs why it cannot start and stays up) or after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with {proc.returncode}; log {log}:\n{_tail(log)}")
+        if failed():
+            raise RuntimeError(f"{what} cannot start; log {log}:\n{_tail(log)}")
         try:
             if check():
                 return
@@ -81,37 +86,32 @@ class S3Server:
     access_key: str
     secret_key: str
 
-    def client(self):
+    def client(self, **config: Any):
         import boto3
+        from botocore.config import Config
 
         return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=self.access_key,
-                            aws_secret_access_key=self.secret_key, region_name="us-east-1")
+                            aws_secret_access_key=self.secret_key, region_name="us-east-1",
+                            config=Config(**config) if config else None)
+
+    def answers(self) -> bool:
+        """Whether the server answers S3 now: one request, two seconds at most (whatever holds
+        the port may accept connections and never answer; boto3's defaults would wait minutes)."""
+        client = self.client(connect_timeout=2, read_timeout=2, retries={"max_attempts": 1})
+        return client.list_buckets() is not None
 
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory) -> Iterator[S3Server]:
     """SeaweedFS ``weed mini`` (a real S3 server that checks credentials) on free loopback ports."""
-    root = tmp_path_factory.mktemp("seaweedfs")
-    identities = root / "s3.json"
-    identities.write_text(json.dumps({"identities": [{
-        "name": "admin", "credentials": [{"accessKey": S3_KEY, "secretKey": S3_SECRET}],
-        "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
-    ports = {name: free_port() for name in (
-        "s3.port", "s3.port.grpc", "master.port", "master.port.grpc", "filer.port", "filer.port.grpc",
-        "volume.port", "volume.port.grpc", "admin.port", "admin.port.grpc")}
-    cmd = [os.path.join(BIN, "weed"), "mini", f"-dir={root / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-           "-master.telemetry=false", f"-s3.config={identities}", "-webdav=false", "-admin.ui=false",
-           "-s3.port.iceberg=0", "-s3.port.lance=0", *(f"-{k}={v}" for k, v in ports.items())]
-    (root / "data").mkdir()
-    log = str(root / "weed.log")
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    server = S3Server(f"http://127.0.0.1:{ports['s3.port']}", S3_KEY, S3_SECRET)
+    from tests.s3_process import RestartableS3  # it imports this module's helpers
+
+    server = RestartableS3(str(tmp_path_factory.mktemp("seaweedfs")))
     try:
-        _wait(lambda: server.client().list_buckets() is not None, 60, "SeaweedFS", proc, log)
-        yield server
+        server.start()
+        yield server.server
     finally:
-        stop(proc)
+        server.stop()
 
 
 @dataclass

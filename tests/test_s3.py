@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -107,6 +108,30 @@ def test_live_reader_on_s3_beside_training(bucket):
     assert trial.loaded_all_steps and trial.steps() == list(range(10))
     assert len(set(seen)) > 2, seen
     assert trial.tensor("Sequential_0.weight").value(9).shape == (8, 4)
+
+
+def test_a_server_whose_port_was_taken_before_it_bound_starts_on_new_ports(tmp_path):
+    """A port picked free and taken by another process before weed binds it (a CI run hit
+    this once) costs a retry, not the tests that need the server; a restart keeps its ports."""
+    server = RestartableS3(str(tmp_path / "weed"))
+    taken = server.ports["s3.port"]
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        try:
+            server.start()
+            assert server.ports["s3.port"] != taken
+            assert server.server.endpoint.endswith(f":{server.ports['s3.port']}")
+            server.server.client().create_bucket(Bucket="moved")
+            ports = dict(server.ports)
+            server.stop()
+            server.start()  # the endpoint is known now: same ports, same data
+            assert server.ports == ports
+            assert [b["Name"] for b in server.server.client().list_buckets()["Buckets"]] == ["moved"]
+        finally:
+            server.stop()
+    log = (tmp_path / "weed" / "weed.log").read_text(errors="replace")
+    assert f"port {taken} " in log  # the first start found it taken
 
 
 @pytest.fixture
