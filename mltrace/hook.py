@@ -233,6 +233,8 @@ class Hook:
                 self.checkpoint.step_boundary(self.clock, counted=step is None, step_saved=self.step_active)
         self.clock.advance(step)
         due = self.decide_due()
+        if not idle and not due and self.writer is not None:
+            self.writer.hand_over()  # the steps just saved must not wait for more to batch with
         self.step_written = False
         if self.step_active or not idle:
             self.nan_watch.begin_step()

@@ -184,9 +184,11 @@ class Tensor:
         return read()
 
     def _global(self, step: int, mode: ModeKeys) -> int:
-        """The global step of ``step``, refreshing once on a miss; else raise why it is missing."""
+        """The global step of ``step``, refreshing once on a miss (not while the trial's
+        ``dynamic_refresh`` is off: inside ``no_refresh`` a step written since the last refresh
+        raises StepNotYetAvailable, as smdebug's does); else raise why it is missing."""
         g = self.trial.to_global_step(step, mode)
-        if g is None:
+        if g is None and self.trial.dynamic_refresh:
             self.trial.maybe_refresh(force=True)
             g = self.trial.to_global_step(step, mode)
         if g is None:

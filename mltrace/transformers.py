@@ -37,6 +37,7 @@ from transformers import Trainer, TrainerCallback
 
 from mltrace.capture.errors import ErrorPolicy, guarded
 from mltrace.modes import ModeKeys
+from mltrace.pytorch.module_hooks import forward_hook, forward_pre_hook
 from mltrace.pytorch.trainer import TrainerCapture
 
 #: report_to names whose callback logs the Trainer's metrics into the active MLflow run.
@@ -82,8 +83,8 @@ class MltraceCallback(TrainerCallback):
         hook = self.capture.attach(model, args.output_dir)
         if hook is not before:
             self.errors = hook.errors
-            model.register_forward_pre_hook(self._before_forward, prepend=True)
-            model.register_forward_hook(self._after_forward)
+            forward_pre_hook(model, self._before_forward, prepend=True)
+            forward_hook(model, self._after_forward)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         """After the MLflowCallback opened its run (it comes first in the Trainer's list). A

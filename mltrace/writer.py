@@ -177,6 +177,24 @@ class TrialWriter:
         self.steps_written += 1
         return True
 
+    def hand_over(self) -> None:
+        """Hand the closed steps still waiting in a batch to the writer process now.
+
+        The writer process takes steps that close one after the other in batches (a batch goes
+        once it holds 8 steps or 256 KiB, or its first step waited 50 ms: see
+        mltrace.writer_process). The hook calls this at a step boundary after which nothing is
+        saved, so that the last saved steps never wait for a timer while training goes on: a
+        step is handed over at the latest when the next step that saves nothing begins, and is
+        on disk as soon as the child has written it (well under a millisecond for a small step).
+        """
+        if self._process is not None:
+            self._process.hand_over()
+
+    @property
+    def steps_waiting(self) -> int:
+        """Closed steps not yet handed to whoever writes them (the writer process's batch)."""
+        return self._process.waiting if self._process is not None else 0
+
     # -- whole-trial files ------------------------------------------------------------------------
     def write_collections(self, collections_json: str) -> None:
         """(Re)write this worker's collections file."""

@@ -187,6 +187,19 @@ class _Channel:
         finally:
             self.sending.release()
 
+    def hand_over(self) -> None:
+        """Send the batch now, without waiting for the pipe: what does not fit goes with the
+        reports thread as the child reads (the training thread never waits here)."""
+        if not self.groups:
+            return
+        with self.sending:
+            if self.groups and not self.pushing and not self.send(block=False):
+                self.push_later()
+
+    def waiting(self) -> int:
+        """Groups (steps) in the batch, not yet in the pipe."""
+        return len(self.groups)
+
     def take_unsent(self) -> list[Files]:
         """Once the child is gone: the groups it never got."""
         with self.sending:
@@ -350,6 +363,19 @@ class WriterProcess:
                 return
         with channel.changed:
             channel.changed.wait_for(lambda: channel.flushed >= self._tokens or channel.ended)
+
+    def hand_over(self) -> None:
+        """Send the files waiting in a batch now (see TrialWriter.hand_over)."""
+        if not self.gone:
+            try:
+                self._channel.hand_over()
+            except WriterProcessGone:
+                pass  # the next send finds the child gone and the thread takes over
+
+    @property
+    def waiting(self) -> int:
+        """Groups of files (steps) waiting in a batch, not yet handed to the child."""
+        return self._channel.waiting()
 
     def take_unsent(self) -> list[Files]:
         """Once the child is gone: the groups it never got, to be written another way."""

@@ -15,7 +15,7 @@ import pytest
 
 from mltrace.analysis.utils import no_refresh, refresh
 from mltrace.collections import Collection, CollectionManager
-from mltrace.exceptions import MltraceTypeError, MltraceValueError
+from mltrace.exceptions import MltraceTypeError, MltraceValueError, StepNotYetAvailable
 from mltrace.modes import ModeKeys
 from mltrace.rules import rule as rule_module
 from mltrace.storage import open_storage
@@ -107,6 +107,31 @@ def test_no_refresh_holds_a_live_trial_still_and_refresh_lets_it_look(tmp_path):
         assert trial.steps() == [0, 1]
     assert trial.dynamic_refresh is True
     assert trial.steps() == [0, 1, 2]
+    writer.close()
+
+
+def test_no_refresh_does_not_read_a_step_written_while_it_holds(tmp_path):
+    """smdebug's "do not look for new data": reading a tensor at a step a writer added after the
+    last refresh raises StepNotYetAvailable inside the block (no refresh on a miss), and reads
+    once the block is left; steps read before it stay readable inside it."""
+    writer = _live_writer(tmp_path / "run")
+    _write_step(writer, 0)
+    trial = create_trial(str(tmp_path / "run"))
+    loss = trial.tensor("loss")
+    with no_refresh(trial):
+        _write_step(writer, 1)
+        for read in (lambda: loss.value(1), lambda: loss.reduction_value(1, "max"),
+                     lambda: loss.shape(1), lambda: loss.value(1, mode=ModeKeys.TRAIN)):
+            with pytest.raises(StepNotYetAvailable):
+                read()
+        assert float(loss.value(0)) == 0.0
+        assert trial.steps() == [0]
+    assert float(loss.value(1)) == 1.0
+    with no_refresh(trial):
+        _write_step(writer, 2)
+        with pytest.raises(StepNotYetAvailable):
+            loss.value(2)
+    assert trial.steps() == [0, 1, 2] and float(loss.value(2)) == 2.0
     writer.close()
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 
 os.environ["HF_HUB_OFFLINE"] = "1"  # before transformers is imported: never the model hub
 
@@ -37,6 +38,7 @@ from mltrace.rules.builtin import LossNotDecreasing, VanishingGradient  # noqa: 
 from mltrace.transformers import MltraceCallback  # noqa: E402
 from mltrace.trials import create_trial  # noqa: E402
 from tests.mlflow_env import mlflow_template_db, tracking  # noqa: E402,F401
+from tests.pickled_models import hook_entries  # noqa: E402
 
 TRAIN, EVAL, PREDICT = ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT
 COLLECTIONS = ["weights", "biases", "gradients", "losses", "metrics"]
@@ -103,6 +105,9 @@ def test_transformers_trainer_saves_each_optimizer_step_in_its_mode(tmp_path):
     trainer.predict(Tokens(8, 3))
     with torch.no_grad():  # the script's own inference, outside evaluate/predict: not recorded
         trainer.model.eval()(input_ids=Tokens(2, 4).ids)
+    # the model pickles without the callback's hooks (issue 34)
+    saved = pickle.dumps(trainer.model)
+    assert b"mltrace" not in saved and hook_entries(pickle.loads(saved)) == 0
     callback.close()
 
     trial = create_trial(str(tmp_path / "trial"))

@@ -83,6 +83,40 @@ def test_files_reach_the_disk_without_a_flush_when_training_stops_saving(tmp_pat
     writer.close()
 
 
+def test_a_hooked_trainings_saved_steps_are_handed_over_when_saving_stops(tmp_path):
+    """A TRAIN save config of steps 10-14 and twenty steps trained, the writer process ready:
+    when step 15 begins (it saves nothing), steps 10-14 are in the child's hands, none waits in
+    a batch for a timer, and a reader in the same process lists all five while training goes
+    on, without close() (README, "When a saved step can be read"). Reading is polled for at
+    most a second: the child writes on its own time."""
+    import torch
+
+    import mltrace.pytorch as smd
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    out = str(tmp_path / "run")
+    saved = list(range(10, 15))
+    hook = smd.Hook(out_dir=out, include_collections=["weights", "gradients"],
+                    save_config=smd.SaveConfig(mode_save_configs={
+                        smd.modes.TRAIN: smd.SaveConfigMode(save_steps=saved)}))
+    hook.register_module(model)
+    hook.set_mode(smd.modes.TRAIN)
+    waiting = []
+    for step in range(20):
+        model(torch.randn(2, 4)).sum().backward()
+        if step == 0:
+            time.sleep(0.5)  # the writer process is ready: steps go through its batches
+        waiting.append(hook.writer.steps_waiting)
+    assert max(waiting[10:15]) > 0  # saved steps in quick succession are batched
+    assert waiting[15:] == [0] * 5  # from step 15 on, nothing waits to be batched
+    deadline = time.monotonic() + 1.0
+    trial = create_trial(out)
+    while not set(saved) <= set(trial.steps()) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert set(saved) <= set(trial.steps())
+    hook.close()
+
+
 def test_a_file_the_child_cannot_write_is_reported_and_its_step_has_no_index(tmp_path, caplog):
     root = tmp_path / "run"
     root.mkdir()

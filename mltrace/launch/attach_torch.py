@@ -33,6 +33,7 @@ from torch.nn.modules import module as torch_module
 
 from mltrace.launch.session import Session, guarded
 from mltrace.modes import ModeKeys
+from mltrace.pytorch.module_hooks import forward_hook, forward_pre_hook
 
 FRAMEWORK = "pytorch"
 FUNCTIONAL_LOSS = "loss"  # saved as loss_output_<i>, smdebug's name for record_tensor_value("loss")
@@ -93,7 +94,7 @@ class TorchAttachment:
         if is_loss(module):
             if all(module is not m for m in self.losses) and self._ensure_hook():
                 self.hook.register_loss(module)
-                module.register_forward_hook(self._loss_ran)
+                forward_hook(module, self._loss_ran)
                 self.losses.append(module)
             return
         if mode_of(module) is not ModeKeys.TRAIN:
@@ -106,7 +107,7 @@ class TorchAttachment:
         first = self.driver is None
         if first:
             self.driver = module
-            module.register_forward_pre_hook(self._guard(self._set_mode))  # before the hook's own
+            forward_pre_hook(module, self._guard(self._set_mode))  # before the hook's own
             self.hook.set_mode(mode_of(module))
         root = self._root_name(inner)
         self.hook.torch.register_module(inner, root)

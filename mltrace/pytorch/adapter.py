@@ -34,6 +34,12 @@ from mltrace.pytorch.compiled import (
 )
 from mltrace.pytorch.copy_ring import CopiedStep, CopyRing
 from mltrace.pytorch.histograms import bins_on_device, device_histogram
+from mltrace.pytorch.module_hooks import (
+    forward_hook,
+    forward_pre_hook,
+    replace_attribute,
+    tensor_hook,
+)
 from mltrace.pytorch.optim import OptimizerSteps, ScalerWatch
 from mltrace.pytorch.reductions import (
     QUANTILE_LIMIT,
@@ -350,7 +356,7 @@ class TorchAdapter(Adapter):
         inner = unwrap(loss_module)
         name = class_name(inner)
         self._name(inner, name)
-        inner.register_forward_hook(self._io_hook(name))
+        forward_hook(inner, self._io_hook(name))
 
     def register_grad_scaler(self, scaler: Any) -> None:
         """Learn the loss scale of ``scaler`` (see mltrace.pytorch.optim.ScalerWatch)."""
@@ -384,7 +390,7 @@ class TorchAdapter(Adapter):
             if sub is module:
                 root_hook = self._io_hook(name)
             else:
-                self._handles.append(sub.register_forward_hook(self._io_hook(name)))
+                self._handles.append(forward_hook(sub, self._io_hook(name)))
         if root_hook is not None or len(self._handles) > io_hooks:
             self._install_root_hooks(module, entry, root_hook)
         if self.step_boundary != "forward":
@@ -413,11 +419,11 @@ class TorchAdapter(Adapter):
                 root_hook(mod, inputs, outputs)
                 drain(mod, inputs, outputs)
 
-            self._handles.append(module.register_forward_hook(eager_only(root_then_drain)))
+            self._handles.append(forward_hook(module, eager_only(root_then_drain)))
             return
         if root_hook is not None:
-            self._handles.append(module.register_forward_hook(eager_only(root_hook)))
-        self._handles.append(entry.register_forward_hook(eager_only(drain) if entry is module else drain))
+            self._handles.append(forward_hook(module, eager_only(root_hook)))
+        self._handles.append(forward_hook(entry, eager_only(drain) if entry is module else drain))
 
     def _gradient_hooks(self, on: bool) -> None:
         """Install the gradient hooks for a step that saves, remove them for one that does not.
@@ -447,9 +453,9 @@ class TorchAdapter(Adapter):
                 return
             on_gradient = self._gradient_callback(name)
             self._gradient_handles.append(param.register_post_accumulate_grad_hook(
-                lambda p: on_gradient(p.grad)))
+                tensor_hook(lambda p: on_gradient(p.grad))))
         else:
-            self._gradient_handles.append(param.register_hook(self._gradient_callback(name)))
+            self._gradient_handles.append(param.register_hook(tensor_hook(self._gradient_callback(name))))
 
     def _gradient_callback(self, name: str) -> Callable[[torch.Tensor | None], None]:
         """What autograd calls with a parameter's gradient: on a step that saves nothing it
@@ -491,7 +497,7 @@ class TorchAdapter(Adapter):
         boundary = self._boundary_callback()
         compiled_call = vars(entry).get("forward") if entry is not inner else None
         if compiled_call is None:
-            entry.register_forward_pre_hook(boundary if entry is not inner else eager_only(boundary))
+            forward_pre_hook(entry, boundary if entry is not inner else eager_only(boundary))
             return
 
         # not functools.wraps: it would copy TorchDynamo's marks (``_torchdynamo_orig_callable``)
@@ -500,7 +506,7 @@ class TorchAdapter(Adapter):
             boundary(entry, args)
             return compiled_call(*args, **kwargs)
 
-        entry.forward = forward_after_boundary
+        replace_attribute(entry, "forward", forward_after_boundary)
 
     # -- callbacks from PyTorch -------------------------------------------------------------------
     def _boundary_callback(self) -> Callable[[torch.nn.Module, Any], None]:
