@@ -92,7 +92,7 @@ def hook_factory(lib: str) -> Callable[[str, int, nn.Module, nn.Module], Any] | 
 
     def create(out_dir: str, interval: int, model: nn.Module, loss_fn: nn.Module) -> Any:
         # mltrace_thread: the trial's files written by a thread of this process, as before the
-        # writer process (mltrace.writer_process); read when the writer is made, at the first step.
+        # writer process (mltrace.writer.process); read when the writer is made, at the first step.
         os.environ["MLTRACE_WRITER"] = "thread" if lib == "mltrace_thread" else "process"
         export = {"export_tensorboard": True} if lib in ("mltrace_tb", "mltrace_hist") else {}
         hook = smd.Hook(

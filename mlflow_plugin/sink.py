@@ -90,7 +90,7 @@ CLAIM_DELAY = 10.0
 
 
 def create_sink(hook: Any, options: dict[str, Any]) -> Any:
-    """The sink for ``hook`` (called by mltrace.hook with the ``mlflow=`` option as a dict).
+    """The sink for ``hook`` (called by mltrace.capture.hook with the ``mlflow=`` option as a dict).
 
     Raises:
         MltraceValueError: unknown options or invalid values.

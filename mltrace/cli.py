@@ -137,7 +137,7 @@ def _dump(args: argparse.Namespace) -> int:
 
 
 def _upload_spill(args: argparse.Namespace) -> int:
-    from mltrace.spill import upload_spill
+    from mltrace.writer.spill import upload_spill
 
     uploaded = upload_spill(args.folder)
     print(f"uploaded {uploaded} files from {args.folder}")

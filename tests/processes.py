@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from mltrace.writer_process import CHILD_PROGRAM
+from mltrace.writer.process import CHILD_PROGRAM
 
 
 def child_pids() -> list[int]:
@@ -25,7 +25,7 @@ def child_pids() -> list[int]:
 
 
 def writer_processes(root: str) -> list[int]:
-    """The trial writer processes (mltrace/writer_child.py) that write the trial in ``root``,
+    """The trial writer processes (mltrace/writer/child.py) that write the trial in ``root``,
     whoever their parent is now: one whose training process was killed outlives it while it
     writes what it was handed, and then belongs to init."""
     root, pids = os.path.realpath(root), []

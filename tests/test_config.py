@@ -6,10 +6,10 @@ import json
 
 import pytest
 
+from mltrace.capture.hook import Hook, HookOptions
 from mltrace.collections import CollectionManager
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
 from mltrace.exceptions import MltraceValueError
-from mltrace.hook import Hook, HookOptions
 from mltrace.modes import ModeKeys
 
 ALL_MODES = list(ModeKeys)

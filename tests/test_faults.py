@@ -203,7 +203,7 @@ def test_tensorboard_export_on_a_full_disk(disk, tmp_path):
     assert sorted(losses) == expected_steps
     for step, value in losses.items():
         assert value == float(np.float32(outcome.captured[LOSS][step]))
-    errors = _errors(outcome, "mltrace.tensorboard_export")
+    errors = _errors(outcome, "mltrace.writer.tensorboard")
     assert outcome.tensorboard_failures >= 1
     assert len(errors) == 1 + (outcome.tensorboard_failures > 1), errors
     assert "tensorboard/TRAIN/events.out.tfevents." in errors[0]

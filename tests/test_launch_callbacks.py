@@ -11,7 +11,7 @@ import pytest
 import xgboost as xgb
 
 import mltrace.xgboost
-from mltrace import hook as core_hook
+from mltrace.capture import hook as core_hook
 from mltrace.launch.callbacks import SessionCallback
 from mltrace.launch.session import Session
 from mltrace.modes import ModeKeys

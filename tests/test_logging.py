@@ -109,7 +109,7 @@ IMPORT_ONLY = """
 import json, logging, sys
 import mltrace
 before = logging.getLogger("mltrace").level
-from mltrace.hook import Hook, HookOptions
+from mltrace.capture.hook import Hook, HookOptions
 Hook(HookOptions(out_dir=sys.argv[1], dry_run=True)).close()
 print(json.dumps({"after_import": before, "after_hook": logging.getLogger("mltrace").level}))
 """

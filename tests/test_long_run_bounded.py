@@ -14,9 +14,9 @@ import torch
 from torch import nn
 
 import mltrace.pytorch as smd
-from mltrace import writer_process
 from mltrace.format import paths
 from mltrace.storage import atomic_files
+from mltrace.writer import process as writer_process
 
 STEPS = 2000
 EARLY = 500

@@ -65,8 +65,8 @@ from mltrace.exceptions import (
     MltraceValueError,
 )
 from mltrace.format import paths
-from mltrace.tensorboard_export import clean_tag
 from mltrace.trials import create_trial
+from mltrace.writer.tensorboard import clean_tag
 from tests.mlflow_env import mlflow_template_db, tracking  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent

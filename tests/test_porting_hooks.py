@@ -30,7 +30,7 @@ import tensorflow as tf
 import torch
 import xgboost as xgb
 
-import mltrace.hook
+import mltrace.capture.hook
 import mltrace.pytorch as smd
 import mltrace.tensorflow as smd_tf
 import mltrace.xgboost as smd_xgb
@@ -45,9 +45,9 @@ v1 = tf.compat.v1
 @pytest.fixture(autouse=True)
 def _no_current_hook():
     """Each test starts and ends with no current hook (get_hook is process-wide)."""
-    mltrace.hook.del_hook()
+    mltrace.capture.hook.del_hook()
     yield
-    mltrace.hook.del_hook()
+    mltrace.capture.hook.del_hook()
 
 
 def _torch_loop(hook: smd.Hook, model: torch.nn.Module, steps: int) -> None:
@@ -271,10 +271,10 @@ def test_pytorch_get_hook_set_hook_del_hook_as_smdebug(tmp_path, monkeypatch):
     assert isinstance(hook, smd.Hook) and hook.out_dir == str(tmp_path / "from_json")
     assert hook.include_collections[0] == "weights" and hook.save_config.get_save_config(
         ModeKeys.TRAIN).save_interval == 2
-    assert smd.get_hook() is hook and mltrace.hook.get_hook() is hook
+    assert smd.get_hook() is hook and mltrace.capture.hook.get_hook() is hook
     assert smd.get_hook(create_if_not_exists=True) is hook  # exists: returned, not rebuilt
     smd.del_hook()
-    assert smd.get_hook() is None and mltrace.hook.get_hook() is None
+    assert smd.get_hook() is None and mltrace.capture.hook.get_hook() is None
     smd.set_hook(hook)
     assert smd.get_hook() is hook
     other = smd.get_hook(json_config_path=_config(tmp_path, str(tmp_path / "other")))
@@ -289,7 +289,7 @@ def test_framework_get_hook_returns_only_its_frameworks_hook(tmp_path):
     assert smd_tf.get_hook() is keras_hook and smd_tf.get_hook("keras") is keras_hook
     assert smd_tf.get_hook("session") is None
     assert smd.get_hook() is None and smd_xgb.get_hook(create_if_not_exists=False) is None
-    assert mltrace.hook.get_hook() is keras_hook.core  # what `mltrace run` asks
+    assert mltrace.capture.hook.get_hook() is keras_hook.core  # what `mltrace run` asks
     smd_tf.del_hook()
     assert smd_tf.get_hook() is None
     smd_tf.set_hook(keras_hook)

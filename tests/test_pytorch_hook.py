@@ -344,3 +344,43 @@ def test_hook_closes_itself_at_interpreter_exit(tmp_path):
     subprocess.run([sys.executable, "-c", script], check=True, cwd=os.path.dirname(os.path.dirname(__file__)))
     trial = create_trial(str(tmp_path / "run"))
     assert trial.loaded_all_steps and trial.steps() == [0, 1, 2]
+
+
+class _Six(nn.Module):
+    """Six outputs, and six inputs: ``(x, x+1, ..., x+5)``."""
+
+    def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(x * (i + 1) for i, x in enumerate(xs))
+
+
+class _SixNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.six = _Six()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        return sum(self.six(*(h + i for i in range(6))))
+
+
+@pytest.mark.parametrize("side", ["output", "input"])
+def test_a_fifth_or_later_module_tensor_is_saved_when_only_it_is_wanted(tmp_path, side):
+    """A collection that wants only the sixth output (or input) of a module gets it: the
+    callbacks are chosen by the indices the module produces, not the first four alone."""
+    model = _SixNet()
+    hook = smd.Hook(out_dir=str(tmp_path / "run"), save_config=smd.SaveConfig(save_interval=1),
+                    include_collections=["sixth"])
+    hook.get_collection("sixth").include(f"^six_{side}_5$")
+    hook.register_module(model)
+    expected = []
+    model.six.register_forward_hook(
+        lambda m, i, o: expected.append((i if side == "input" else o)[5].detach().clone().numpy()))
+    for _ in range(3):
+        model(torch.randn(2, 3)).sum().backward()
+    hook.close()
+    trial = create_trial(str(tmp_path / "run"))
+    assert trial.tensor_names() == [f"six_{side}_5"]
+    assert trial.steps() == [0, 1, 2]
+    for step in (0, 1, 2):
+        np.testing.assert_array_equal(trial.tensor(f"six_{side}_5").value(step), expected[step])

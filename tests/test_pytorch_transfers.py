@@ -19,11 +19,11 @@ import torch.nn as nn
 from tensorboard.backend.event_processing import event_accumulator as ea
 
 import mltrace.pytorch as smd
-from mltrace.histogram_bins import DEFAULT_BINS, bin_values
 from mltrace.pytorch.adapter import TorchAdapter
 from mltrace.pytorch.histograms import device_histogram
 from mltrace.reductions import compute
 from mltrace.trials import create_trial
+from mltrace.writer.histogram_bins import DEFAULT_BINS, bin_values
 
 STEPS = 4
 ITEMS = [("mean", False), ("max", False), ("min", True), ("nan_count", False), ("l2", False)]

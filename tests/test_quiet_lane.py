@@ -131,7 +131,7 @@ def test_a_failure_in_the_lane_stops_the_hook_not_training(tmp_path: Path, monke
         raise RuntimeError("a bug in the clock")
 
     monkeypatch.setattr(hook.clock, "advance", broken)
-    with caplog.at_level(logging.ERROR, logger="mltrace.hook"):
+    with caplog.at_level(logging.ERROR, logger="mltrace.capture.hook"):
         train(model, hook, 5, start=8)  # training goes on
     assert hook.disabled
     assert "the quiet lane: RuntimeError: a bug in the clock" in caplog.text

@@ -165,7 +165,7 @@ def test_xgboost_rounds_take_quiet_steps_and_save_what_deciding_every_round_save
         return lambda step=None, look=False: skipped.append(take(step, look)) or skipped[-1]
 
     with monkeypatch.context() as spied:
-        spied.setattr("mltrace.hook.quiet_lane", counted_lane)
+        spied.setattr("mltrace.capture.hook.quiet_lane", counted_lane)
         quiet, last = run(tmp_path / "quiet")
     assert sum(skipped) >= 30  # most rounds were only counted (37 of 55)
     monkeypatch.setattr("mltrace.capture.plan.SavePlan.quiet_steps", lambda self, mode, step: 0)

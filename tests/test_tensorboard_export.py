@@ -18,18 +18,18 @@ from torch.utils.tensorboard import summary as torch_summary
 from torch.utils.tensorboard import writer as torch_writer
 
 import mltrace.pytorch as smd
-from mltrace import tensorboard_export as tbx
 from mltrace.format.events import (
     encode_file_version_event,
     encode_histogram_event,
     encode_scalar_event,
 )
 from mltrace.format.records import iter_records
-from mltrace.histogram_bins import SEARCH_EACH_LIMIT, bin_values
 from mltrace.modes import ModeKeys
 from mltrace.storage import register_scheme
 from mltrace.storage.base import Storage
 from mltrace.trials import create_trial
+from mltrace.writer import tensorboard as tbx
+from mltrace.writer.histogram_bins import SEARCH_EACH_LIMIT, bin_values
 from tests.torch_training import make_model, train
 
 LOSS = "MSELoss_output_0"
@@ -61,7 +61,7 @@ def _torch_event(summary: summary_pb2.Summary, step: int, wall_time: float) -> b
 ])
 def test_histogram_equals_torch_add_histogram(values, torch_bins):
     """Bytes equal to torch's but for sum_squares, which mltrace sums with einsum where torch
-    calls BLAS's dot (see mltrace.histogram_bins): the two may differ in the last bits."""
+    calls BLAS's dot (see mltrace.writer.histogram_bins): the two may differ in the last bits."""
     assert tbx.DEFAULT_BINS.tolist() == torch_bins
     ours = encode_histogram_event("weights/fc.weight", tbx.histogram_fields(values), 12, 1700000000.5)
     theirs = _torch_event(torch_summary.histogram("weights/fc.weight", values, torch_bins), 12, 1700000000.5)

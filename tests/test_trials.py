@@ -23,8 +23,8 @@ from mltrace.exceptions import (
     TensorUnavailableForStep,
 )
 from mltrace.modes import ModeKeys
-from mltrace.tensor import Tensor
 from mltrace.trials import StepState, create_trial
+from mltrace.trials.tensor import Tensor
 from tests.torch_training import make_model, train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

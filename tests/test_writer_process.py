@@ -1,4 +1,4 @@
-"""The trial writer's process (mltrace.writer_process): a local trial's files are written by a
+"""The trial writer's process (mltrace.writer.process): a local trial's files are written by a
 child process fed through a pipe. It writes the same files as the thread, in the same order and
 groups; failures come back to the writer's failure log; a child that cannot start or dies hands
 its work to the thread; a child whose training process is killed still writes what it got."""
@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mltrace import writer_process
 from mltrace.collections import CollectionManager
 from mltrace.format import paths
 from mltrace.modes import ModeKeys
@@ -25,6 +24,7 @@ from mltrace.storage import atomic_files
 from mltrace.storage.local import LocalStorage
 from mltrace.trials import create_trial
 from mltrace.writer import TrialWriter
+from mltrace.writer import process as writer_process
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,5 +1,5 @@
 """The trial writer's queue is bounded in bytes: a slow disk slows saving down and never grows
-memory past the bound; every step still reaches the disk, in order. mltrace.byte_queue itself:
+memory past the bound; every step still reaches the disk, in order. mltrace.writer.byte_queue itself:
 bytes are freed when an item is written, not when it is taken; an item larger than the bound
 still goes, alone."""
 
@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mltrace.byte_queue import ByteQueue
 from mltrace.collections import Collection, CollectionManager
 from mltrace.modes import ModeKeys
 from mltrace.storage.local import LocalStorage
 from mltrace.trials import create_trial
 from mltrace.writer import TrialWriter
+from mltrace.writer.byte_queue import ByteQueue
 
 MB = 1 << 20
 

@@ -21,7 +21,7 @@ from mltrace.modes import ModeKeys
 from mltrace.reductions import as_numeric, compute_many, parse_statistic, statistic_name
 
 if TYPE_CHECKING:
-    from mltrace.tensor import Tensor
+    from mltrace.trials.tensor import Tensor
 
 T = TypeVar("T")
 

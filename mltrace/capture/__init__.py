@@ -1,6 +1,6 @@
 """The capture core: the framework-neutral parts a hook is made of.
 
-``mltrace.hook.Hook`` composes them; each is small enough to read on its own:
+``mltrace.capture.hook.Hook`` composes them; each is small enough to read on its own:
 
 - ``options.HookOptions``: the hook's settings, validated once.
 - ``adapter.Adapter``: what a framework supplies (worker identity, host copies and reductions of

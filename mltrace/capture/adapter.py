@@ -27,11 +27,11 @@ from mltrace.capture.errors import ErrorPolicy
 from mltrace.collections import GRADIENT_PREFIX, Collection, CollectionKeys
 from mltrace.exceptions import MltraceTypeError
 from mltrace.format import paths
-from mltrace.histogram_bins import Binned
 from mltrace.reductions import all_finite
+from mltrace.writer.histogram_bins import Binned
 
 if TYPE_CHECKING:
-    from mltrace.hook import Hook
+    from mltrace.capture.hook import Hook
 
 #: (reduction name, of the absolute value) pairs, as ReductionConfig.items() gives them.
 ReductionItems = list[tuple[str, bool]]
@@ -131,7 +131,7 @@ class Adapter:
 
     def device_histogram(self, value: Any) -> Binned | None:
         """The histogram of ``value`` binned on its device, only the counts copied to the host
-        (mltrace.histogram_bins' buckets); None if it has no finite value."""
+        (mltrace.writer.histogram_bins' buckets); None if it has no finite value."""
         raise NotImplementedError(f"{type(self).__name__} bins no histogram on a device")
 
     def reductions_to_host(self, started: list[Any]) -> list[list[np.ndarray | None]]:

@@ -16,7 +16,7 @@ import numpy as np
 
 from mltrace.exceptions import MltraceTypeError
 
-logger = logging.getLogger("mltrace.hook")
+logger = logging.getLogger("mltrace.capture.hook")
 
 
 class CarriedValues:

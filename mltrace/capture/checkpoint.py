@@ -34,7 +34,7 @@ from typing import Any
 from mltrace.capture.clock import StepClock
 from mltrace.modes import ModeKeys
 
-logger = logging.getLogger("mltrace.hook")
+logger = logging.getLogger("mltrace.capture.hook")
 
 CONFIG_ENV_VAR = "CHECKPOINT_CONFIG_FILE_PATH"
 DEFAULT_CONFIG_FILE = "/opt/ml/input/config/checkpointconfig.json"

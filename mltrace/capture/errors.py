@@ -16,7 +16,7 @@ from typing import Any, Protocol, TypeVar
 
 from mltrace.exceptions import InvalidCollectionConfiguration, MltraceError, StopTrainingRequested
 
-logger = logging.getLogger("mltrace.hook")
+logger = logging.getLogger("mltrace.capture.hook")
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: Raised to the user whatever the method: their configuration, or a rule's stop request.

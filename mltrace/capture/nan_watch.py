@@ -13,7 +13,7 @@ import numpy as np
 from mltrace.collections import Collection
 from mltrace.modes import ModeKeys
 
-logger = logging.getLogger("mltrace.hook")
+logger = logging.getLogger("mltrace.capture.hook")
 
 
 class NanWatch:

@@ -22,7 +22,7 @@ from mltrace.format import paths
 from mltrace.storage import open_storage
 from mltrace.storage.base import Storage
 
-logger = logging.getLogger("mltrace.hook")
+logger = logging.getLogger("mltrace.capture.hook")
 
 
 def open_out_dir(out_dir: str, tensorboard_dir: str | None, dry_run: bool) -> Storage:

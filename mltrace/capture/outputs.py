@@ -27,10 +27,10 @@ from mltrace.exceptions import MltraceTypeError
 from mltrace.format import SCALAR_PREFIX
 from mltrace.reductions import reduction_tensor_name
 from mltrace.storage.base import Storage
-from mltrace.tensorboard_export import TensorBoardWriter, clean_tag
 from mltrace.writer import TrialWriter
+from mltrace.writer.tensorboard import TensorBoardWriter, clean_tag
 
-logger = logging.getLogger("mltrace.hook")
+logger = logging.getLogger("mltrace.capture.hook")
 
 
 class Outputs:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import re
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -27,11 +28,12 @@ from mltrace.modes import ModeKeys
 if TYPE_CHECKING:
     from mltrace.capture.options import HookOptions
 
-logger = logging.getLogger("mltrace.hook")
+logger = logging.getLogger("mltrace.capture.hook")
 
 
 #: The most steps the hook counts without asking the plan (see SavePlan.quiet_steps).
 QUIET_LIMIT = 100
+_NUMBER = re.compile(r"(?<!\d)\d{1,4}(?!\d)")  # see SavePlan.numbers_named
 
 
 class SavePlan:
@@ -220,6 +222,16 @@ class SavePlan:
         """True if some saved collection could match ``name`` (or it is watched for NaN): a
         framework callback that can never save anything need not be installed."""
         return name in self.nan_watch or any(self._is_member(c, name) for c in self.watched)
+
+    def numbers_named(self) -> frozenset[int]:
+        """Every number (up to 4 digits) written in a watched collection's regexes or tensor
+        names: the indices a collection may ask for by number in names like
+        ``<module>_output_<i>``, which a framework's callbacks then look at."""
+        found: set[int] = set()
+        for c in self.watched:
+            for text in (*c.include_regex, *c.tensor_names):
+                found.update(int(n) for n in _NUMBER.findall(text))
+        return frozenset(found)
 
     @property
     def memo_size(self) -> int:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from mltrace.hook import Hook
+    from mltrace.capture.hook import Hook
 
 
 def quiet_lane(hook: Hook) -> Callable[..., bool]:

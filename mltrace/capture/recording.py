@@ -27,7 +27,7 @@ from mltrace.format.flight_record import Dump, FlightRecord
 from mltrace.modes import ModeKeys
 from mltrace.writer import TrialWriter
 
-logger = logging.getLogger("mltrace.hook")
+logger = logging.getLogger("mltrace.capture.hook")
 
 
 @dataclass(eq=False)  # identity: the exception hook keeps recordings in a WeakSet

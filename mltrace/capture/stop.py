@@ -14,7 +14,7 @@ from mltrace.format import paths
 from mltrace.format.flight_record import DumpRequest, read_request
 from mltrace.storage.base import Storage
 
-logger = logging.getLogger("mltrace.hook")
+logger = logging.getLogger("mltrace.capture.hook")
 
 
 class StopSignal:

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from mltrace import hook as core_hook
+from mltrace.capture import hook as core_hook
 from mltrace.exceptions import StopTrainingRequested
 from mltrace.json_config import create_hook_from_parsed, parse_hook_config
 from mltrace.launch.config import RUN_CONFIG_ENV
@@ -30,7 +30,7 @@ class Session:
     def __init__(self, doc: Mapping[str, Any]) -> None:
         self.doc = dict(doc)
         self.hooks: list[Any] = []  # the hooks this session created (framework objects)
-        self._cores: set[int] = set()  # their core hooks (what mltrace.hook.get_hook returns)
+        self._cores: set[int] = set()  # their core hooks (what mltrace.capture.hook.get_hook returns)
         self.off: set[str] = set()  # frameworks whose attachment is turned off
 
     def script_has_own_hook(self) -> bool:

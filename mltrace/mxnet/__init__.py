@@ -14,10 +14,10 @@ Example:
 """
 
 from mltrace import modes
+from mltrace.capture.hook import del_hook, set_hook
 from mltrace.capture.recorder_config import FlightRecorderConfig
 from mltrace.collections import CollectionKeys
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
-from mltrace.hook import del_hook, set_hook
 from mltrace.mxnet.collection import DEFAULT_COLLECTIONS, DEFAULT_INCLUDE_COLLECTIONS, Collection
 from mltrace.mxnet.hook import Hook, TornasoleHook, add_to_collection, get_collection, get_hook
 from mltrace.trials import create_trial

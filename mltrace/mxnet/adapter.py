@@ -153,7 +153,7 @@ class GluonAdapter(Adapter):
         ``block``'s parameters and gradients (those whose shapes are known yet).
 
         Raises:
-            mltrace.exceptions.MltraceValueError: the budget is too small (mltrace.hook.Hook).
+            mltrace.exceptions.MltraceValueError: the budget is too small (mltrace.capture.hook.Hook).
         """
         assert self.hook is not None
         sizes = []

@@ -32,13 +32,13 @@ from typing import Any
 from mxnet import gluon
 
 from mltrace.capture.errors import guarded
+from mltrace.capture.hook import Hook as CoreHook
+from mltrace.capture.hook import get_hook as _current_hook
+from mltrace.capture.hook import hook_of_class
 from mltrace.capture.options import HookOptions
 from mltrace.capture.recorder_config import FlightRecorderConfig
 from mltrace.collections import TORNASOLE_INCLUDE_COLLECTIONS
 from mltrace.config import ReductionConfig
-from mltrace.hook import Hook as CoreHook
-from mltrace.hook import get_hook as _current_hook
-from mltrace.hook import hook_of_class
 from mltrace.json_config import create_hook_from_config
 from mltrace.mxnet.adapter import GluonAdapter
 from mltrace.mxnet.collection import (

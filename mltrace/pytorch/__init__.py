@@ -32,14 +32,14 @@ import torch
 
 from mltrace import modes
 from mltrace.capture.errors import guarded
+from mltrace.capture.hook import Hook as CoreHook
+from mltrace.capture.hook import check_tensor_name, del_hook, hook_of_class, set_hook
+from mltrace.capture.hook import get_hook as _current_hook
 from mltrace.capture.options import HookOptions
 from mltrace.capture.recorder_config import FlightRecorderConfig
 from mltrace.collections import GRADIENT_PREFIX, TORNASOLE_INCLUDE_COLLECTIONS, CollectionKeys
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
 from mltrace.exceptions import MltraceTypeError
-from mltrace.hook import Hook as CoreHook
-from mltrace.hook import check_tensor_name, del_hook, hook_of_class, set_hook
-from mltrace.hook import get_hook as _current_hook
 from mltrace.json_config import create_hook_from_config
 from mltrace.pytorch.adapter import TorchAdapter
 from mltrace.pytorch.collection import DEFAULT_COLLECTIONS as DEFAULT_COLLECTIONS

@@ -15,12 +15,11 @@ import torch.distributed as dist
 
 from mltrace.capture.adapter import Adapter, ReductionItems, as_numpy
 from mltrace.capture.errors import guarded
+from mltrace.capture.hook import check_tensor_name
 from mltrace.capture.plan import what_to_save
 from mltrace.collections import GRADIENT_PREFIX
 from mltrace.exceptions import MltraceTypeError, MltraceValueError
 from mltrace.format.tensors import BFloat16Bits
-from mltrace.histogram_bins import Binned
-from mltrace.hook import check_tensor_name
 from mltrace.modes import ModeKeys
 from mltrace.pytorch.compiled import (
     TracedIO,
@@ -52,9 +51,10 @@ from mltrace.pytorch.reductions import (
 )
 from mltrace.pytorch.sharded import ReductionBatch, gather_full, is_sharded
 from mltrace.reductions import all_finite, canonical_name
+from mltrace.writer.histogram_bins import Binned
 
 if TYPE_CHECKING:
-    from mltrace.hook import Hook
+    from mltrace.capture.hook import Hook
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +109,11 @@ class TorchAdapter(Adapter):
         self._gradients: list[tuple[str, torch.nn.Parameter]] = []
         self._gradient_handles: list[Any] = []
         self._io_index: dict[str, int] = {}
+        #: ``<module>_input_`` / ``_output_`` -> the most tensors seen on that side in one step:
+        #: which indices a module's callback must look at (see _may_save_side)
+        self._io_counts: dict[str, int] = {}
+        #: numbers written in the saved collections' regexes and names (see _may_save_side)
+        self._named_indices: frozenset[int] = frozenset()
         self.stepped = False  # True once a step began (a model's callbacks have run)
         #: False once the saved collections are fixed, if none can hold a parameter
         self._parameters_watched = True
@@ -310,6 +315,7 @@ class TorchAdapter(Adapter):
         self._handles.clear()
         assert self.hook is not None
         plan = self.hook.plan
+        self._named_indices = plan.numbers_named()
         self._parameters_watched = any(
             plan.may_save(f"{self.names[id(model)]}_{pname}")
             for model in self.modules for pname, _ in model.named_parameters())
@@ -481,9 +487,20 @@ class TorchAdapter(Adapter):
         return on_gradient
 
     def _may_save_io(self, module_name: str) -> bool:
+        return (self._may_save_side(module_name + "_input_")
+                or self._may_save_side(module_name + "_output_"))
+
+    def _may_save_side(self, prefix: str, count: int | None = None) -> bool:
+        """True if a saved collection can match ``<prefix><i>`` for an index the module has:
+        ``count`` tensors in this call, else as many as its calls have shown (at least 0-3), and
+        every number the saved collections' regexes and names spell out (``six_output_5``).
+        Callbacks are chosen before the model first runs, when only the last tell the higher
+        indices; choosing them again later would make torch.compile compile the model again."""
         assert self.hook is not None
-        return any(self.hook.plan.may_save(f"{module_name}{suffix}{i}")
-                   for suffix in ("_input_", "_output_") for i in range(4))
+        seen = self._io_counts.get(prefix, 0) if count is None else count
+        plan = self.hook.plan
+        indices = self._named_indices.union(range(max(seen, 4)))
+        return any(plan.may_save(f"{prefix}{i}") for i in sorted(indices))
 
     def _attach_boundary(self, entry: torch.nn.Module, inner: torch.nn.Module) -> None:
         """Run the step boundary where the script calls the model, outside any compiled region.
@@ -617,7 +634,7 @@ class TorchAdapter(Adapter):
                 return
             if decided_at != plan.members_version and plan.prepared:
                 decided_at = plan.members_version
-                inputs_too = any(plan.may_save(f"{input_prefix}{i}") for i in range(4))
+                inputs_too = self._may_save_side(input_prefix, len(tensors_in(inputs)))
             keep = self._keep
             if keep is None:
                 self._forward_hook(name, inputs if inputs_too else None, outputs)
@@ -650,12 +667,14 @@ class TorchAdapter(Adapter):
         index = self._io_index.get(prefix, 0)
         if type(value) is torch.Tensor:  # most modules return one tensor
             take(prefix + str(index), value)
-            self._io_index[prefix] = index + 1
-            return
-        for tensor in tensors_in(value):
-            take(prefix + str(index), tensor)
             index += 1
+        else:
+            for tensor in tensors_in(value):
+                take(prefix + str(index), tensor)
+                index += 1
         self._io_index[prefix] = index
+        if index > self._io_counts.get(prefix, 0):
+            self._io_counts[prefix] = index
 
     @guarded()
     def _on_gradient(self, name: str, grad: torch.Tensor | None) -> None:

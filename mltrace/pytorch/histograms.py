@@ -2,7 +2,7 @@
 
 A histogram of a GPU tensor binned on the host first copies every value to the host; binned on
 the device, only the ~1,550 bucket counts and five statistics cross, in one copy. The buckets and
-the binning rule are mltrace.histogram_bins' (TF's default buckets, ``np.histogram``'s counts):
+the binning rule are mltrace.writer.histogram_bins' (TF's default buckets, ``np.histogram``'s counts):
 the finite values are sorted on the device and each edge's position among them is searched.
 CPU tensors are binned by numpy on the export's background thread instead (faster there than
 torch's sort, and off the training thread).
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mltrace.histogram_bins import DEFAULT_BINS, Binned
+from mltrace.writer.histogram_bins import DEFAULT_BINS, Binned
 
 _EDGES: dict[torch.device, torch.Tensor] = {}
 

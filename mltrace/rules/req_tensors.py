@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 from mltrace.exceptions import TensorUnavailable
 
 if TYPE_CHECKING:
-    from mltrace.tensor import Tensor
     from mltrace.trials import Trial
+    from mltrace.trials.tensor import Tensor
 
 
 class _TrialTensors:

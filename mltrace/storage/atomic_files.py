@@ -1,6 +1,6 @@
 """Files written whole or not at all: a temp file beside the target, then a rename.
 
-Standard library only: the trial writer's process (mltrace.writer_process) loads this file by
+Standard library only: the trial writer's process (mltrace.writer.process) loads this file by
 its path, without importing the mltrace package, so that it starts in milliseconds.
 """
 

@@ -16,10 +16,10 @@ Example:
 """
 
 from mltrace import modes
+from mltrace.capture.hook import del_hook, set_hook
 from mltrace.capture.recorder_config import FlightRecorderConfig
 from mltrace.collections import CollectionKeys
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
-from mltrace.hook import del_hook, set_hook
 from mltrace.tensorflow._core import add_to_collection, get_collection, get_hook
 from mltrace.tensorflow.collection import Collection
 from mltrace.tensorflow.keras import KerasHook

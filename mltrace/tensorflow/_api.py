@@ -1,6 +1,6 @@
 """smdebug's hook API, shared by KerasHook and SessionHook: one constructor (smdebug's signature)
 and explicit, typed methods and properties that delegate to the framework-neutral hook
-(``hook.core``, a mltrace.hook.Hook) and the TensorFlow adapter (``hook.adapter``).
+(``hook.core``, a mltrace.capture.hook.Hook) and the TensorFlow adapter (``hook.adapter``).
 
 KerasHook must be a ``tf.keras.callbacks.Callback`` and SessionHook a ``SessionRunHook``, so they
 hold a core Hook instead of being one; this class is their common front.
@@ -12,19 +12,19 @@ from collections.abc import Iterable
 from typing import Any, ClassVar, Self, cast
 
 from mltrace.capture.flight_recorder import FlightRecorder
+from mltrace.capture.hook import Hook
 from mltrace.capture.options import HookOptions
 from mltrace.capture.recorder_config import FlightRecorderConfig
 from mltrace.collections import Collection as _CoreCollection
 from mltrace.collections import CollectionManager
 from mltrace.config import ReductionConfig, SaveConfig
 from mltrace.forwarding import Forwarded
-from mltrace.hook import Hook
 from mltrace.json_config import create_hook_from_config
 from mltrace.modes import ModeKeys
-from mltrace.tensorboard_export import TensorBoardWriter
 from mltrace.tensorflow._core import TFAdapter, is_symbolic, take_pending
 from mltrace.tensorflow.collection import DEFAULT_SAVED_COLLECTIONS, Collection
 from mltrace.writer import TrialWriter
+from mltrace.writer.tensorboard import TensorBoardWriter
 
 
 class TFHookAPI:
@@ -107,7 +107,7 @@ class TFHookAPI:
 
     def save_scalar(self, name: str, value: Any, sm_metric: bool = False,
                     timestamp: float | None = None) -> None:
-        """Save a scalar as ``scalar/<name>`` in the current step (see mltrace.hook.Hook); after
+        """Save a scalar as ``scalar/<name>`` in the current step (see mltrace.capture.hook.Hook); after
         fit()/evaluate() ended, in a step of its own. Inside a tf.function, each time it runs."""
         if not is_symbolic(value):
             self.adapter.reopen_if_ended()
@@ -129,7 +129,7 @@ class TFHookAPI:
     def dump_flight_recorder(self, reason: str = "asked by hand") -> None:
         """Write the flight recorder's steps to the trial now (between steps) or at the current
         step's end, then the next ``after_steps`` steps at full resolution (see
-        mltrace.hook.Hook.dump_flight_recorder).
+        mltrace.capture.hook.Hook.dump_flight_recorder).
 
         Raises:
             mltrace.exceptions.MltraceValueError: the hook has no flight recorder
@@ -139,15 +139,15 @@ class TFHookAPI:
 
     def flush(self) -> None:
         """Write the current step's files and wait until they are stored (see
-        mltrace.hook.Hook.flush); fit/evaluate/predict and a session's end do it themselves."""
+        mltrace.capture.hook.Hook.flush); fit/evaluate/predict and a session's end do it themselves."""
         self.core.flush()
 
     def close(self) -> None:
         """Write the last step and the end marker, and restore every patched object (see
-        mltrace.hook.Hook.close for what ``strict`` raises)."""
+        mltrace.capture.hook.Hook.close for what ``strict`` raises)."""
         self.core.close()
 
-    # -- settings and state, read-only: the core hook's (mltrace.hook.Hook) -----------------------
+    # -- settings and state, read-only: the core hook's (mltrace.capture.hook.Hook) -----------------------
     out_dir = Forwarded[str]("core", "Where the trial is written.")
     dry_run = Forwarded[bool]("core", "Decide everything, write nothing.")
     strict = Forwarded[bool]("core", "Raise instead of going on.")

@@ -1,7 +1,7 @@
 """The TensorFlow side of the capture (:class:`TFAdapter`), shared by KerasHook and SessionHook.
 
 The front doors (mltrace.tensorflow.keras.KerasHook, mltrace.tensorflow.session.SessionHook) each
-hold a framework-neutral :class:`mltrace.hook.Hook` (``hook.core``) built with a subclass of
+hold a framework-neutral :class:`mltrace.capture.hook.Hook` (``hook.core``) built with a subclass of
 :class:`TFAdapter` (``hook.adapter``); the adapter implements the capture core's protocol
 (mltrace.capture.adapter) and installs TensorFlow's callbacks itself.
 
@@ -49,11 +49,11 @@ import tensorflow as tf
 
 from mltrace.capture.adapter import Adapter, ReductionItems
 from mltrace.capture.errors import guarded
+from mltrace.capture.hook import Hook, hook_of_class
+from mltrace.capture.hook import get_hook as _core_get_hook
 from mltrace.collections import Collection as _CoreCollection
 from mltrace.collections import CollectionKeys, CollectionManager, PendingCollections
 from mltrace.exceptions import MltraceTypeError, MltraceValueError
-from mltrace.hook import Hook, hook_of_class
-from mltrace.hook import get_hook as _core_get_hook
 from mltrace.modes import ModeKeys
 from mltrace.tensorflow import _tensors
 from mltrace.tensorflow._tensors import dense, gradient_name, is_keras_variable, variable_name

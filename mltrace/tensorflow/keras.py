@@ -1,6 +1,6 @@
 """KerasHook: a Keras 3 callback for ``model.fit`` / ``evaluate`` / ``predict`` (and, with
 ``wrap_tape``, GradientTape loops). The callback is the front door (a Keras class); the saving
-logic is a framework-neutral mltrace.hook.Hook (``hook.core``) with a KerasAdapter
+logic is a framework-neutral mltrace.capture.hook.Hook (``hook.core``) with a KerasAdapter
 (``hook.adapter``).
 
 Names (smdebug's TF2 Keras hook):

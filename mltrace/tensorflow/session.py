@@ -1,6 +1,6 @@
 """SessionHook: a ``tf.compat.v1.train.SessionRunHook`` for graph-mode training
 (``MonitoredTrainingSession(hooks=[hook])``). The hook is the front door; the saving logic is a
-framework-neutral mltrace.hook.Hook (``hook.core``) with a SessionAdapter (``hook.adapter``).
+framework-neutral mltrace.capture.hook.Hook (``hook.core``) with a SessionAdapter (``hook.adapter``).
 
 TensorFlow 2.21 still ships ``tf.compat.v1.train.SessionRunHook`` and ``MonitoredTrainingSession``;
 ``tf.estimator`` is gone, so ``EstimatorHook`` (smdebug's alias of SessionHook) remains only so

@@ -12,10 +12,10 @@ Example:
 """
 
 from mltrace import modes
+from mltrace.capture.hook import del_hook, set_hook
 from mltrace.capture.recorder_config import FlightRecorderConfig
 from mltrace.collections import Collection, CollectionKeys
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
-from mltrace.hook import del_hook, set_hook
 from mltrace.trials import create_trial
 from mltrace.xgboost.collection import (
     DEFAULT_COLLECTIONS,

@@ -20,10 +20,10 @@ from xgboost import collective
 
 from mltrace.capture.adapter import Adapter, ReductionItems, as_numpy
 from mltrace.capture.errors import guarded
+from mltrace.capture.hook import Hook
 from mltrace.collections import Collection, CollectionKeys
 from mltrace.config import ReductionConfig, SaveConfig
 from mltrace.exceptions import MltraceTypeError
-from mltrace.hook import Hook
 from mltrace.xgboost import _model
 from mltrace.xgboost.collection import NEEDS_BOOSTER, RAW_ONLY_COLLECTIONS
 

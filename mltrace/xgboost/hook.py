@@ -53,14 +53,14 @@ from typing import Any, SupportsIndex
 
 import xgboost as xgb
 
+from mltrace.capture.hook import Hook as CoreHook
+from mltrace.capture.hook import get_hook as _current_hook
+from mltrace.capture.hook import hook_of_class
 from mltrace.capture.options import HookOptions
 from mltrace.capture.recorder_config import FlightRecorderConfig
 from mltrace.collections import Collection
 from mltrace.config import ReductionConfig, SaveConfig
 from mltrace.forwarding import Forwarded
-from mltrace.hook import Hook as CoreHook
-from mltrace.hook import get_hook as _current_hook
-from mltrace.hook import hook_of_class
 from mltrace.json_config import create_hook_from_config
 from mltrace.xgboost.adapter import XGBoostAdapter
 from mltrace.xgboost.collection import (
@@ -188,7 +188,7 @@ class Hook(CoreHook):
 
     def __reduce_ex__(self, protocol: SupportsIndex) -> tuple[Any, ...]:
         """A copy (copy.deepcopy, sklearn.clone, pickling) is, as smdebug's, a hook that saves
-        nothing (mltrace.hook.Hook.__setstate__): say so when the copy is made."""
+        nothing (mltrace.capture.hook.Hook.__setstate__): say so when the copy is made."""
         return (_copied_hook, (type(self),), self.__getstate__())
 
 

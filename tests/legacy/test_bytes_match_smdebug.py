@@ -18,12 +18,12 @@ from smdebug.core.modes import ModeKeys as SmdModeKeys
 from smdebug.core.tfrecord import _crc32c as smd_crc
 from smdebug.core.writer import FileWriter
 
+from mltrace.capture.hook import as_numpy
 from mltrace.format import paths
 from mltrace.format.crc32c import crc32c
 from mltrace.format.events import decode_event, encode_tensor_event
 from mltrace.format.index import IndexEntry, StepIndex, decode_index, encode_index
 from mltrace.format.records import frame_record, iter_records
-from mltrace.hook import as_numpy
 from mltrace.modes import ModeKeys
 
 WALL_TIME = 1234.5

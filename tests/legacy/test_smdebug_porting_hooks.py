@@ -32,7 +32,7 @@ from mxnet import autograd, gluon
 from mxnet_models import batch, build_mlp
 from smdebug.trials import create_trial as smd_create_trial
 
-import mltrace.hook
+import mltrace.capture.hook
 import mltrace.mxnet
 import mltrace.pytorch
 from mltrace.trials import create_trial
@@ -43,10 +43,10 @@ PRE_LOOP = {"before_forward": 1.0, "before_set_mode": 2.0, "after_set_mode": 3.0
 
 @pytest.fixture(autouse=True)
 def _no_current_hook():
-    mltrace.hook.del_hook()
+    mltrace.capture.hook.del_hook()
     smdebug.core.singleton_utils.del_hook()
     yield
-    mltrace.hook.del_hook()
+    mltrace.capture.hook.del_hook()
     smdebug.core.singleton_utils.del_hook()
 
 

@@ -15,8 +15,8 @@ from mltrace.rules.builtin._params import as_names, as_regex_list
 
 if TYPE_CHECKING:
     from mltrace.rules.rule import Rule
-    from mltrace.tensor import Tensor
     from mltrace.trials import Trial
+    from mltrace.trials.tensor import Tensor
 
 logger = logging.getLogger(__name__)
 

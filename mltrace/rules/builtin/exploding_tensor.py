@@ -16,8 +16,8 @@ from mltrace.rules.builtin._reading import (
     value_at,
 )
 from mltrace.rules.rule import Rule
-from mltrace.tensor import Tensor
 from mltrace.trials import Trial
+from mltrace.trials.tensor import Tensor
 
 
 def nonfinite_counts(tensor: Tensor, step: int, use_raw: bool = True,

@@ -22,8 +22,8 @@ from mltrace.rules.builtin._reading import (
     selection_from,
 )
 from mltrace.rules.rule import Rule
-from mltrace.tensor import Tensor
 from mltrace.trials import Trial
+from mltrace.trials.tensor import Tensor
 
 #: Without a ``mode`` parameter, the first of these in which a loss was saved is used.
 MODE_PREFERENCE = (ModeKeys.EVAL, ModeKeys.TRAIN, ModeKeys.GLOBAL)

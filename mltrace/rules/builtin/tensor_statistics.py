@@ -8,8 +8,8 @@ from mltrace.exceptions import VALUE_UNAVAILABLE, MltraceValueError
 from mltrace.rules.builtin._params import as_float, as_optional_float
 from mltrace.rules.builtin._reading import reduction_at, selection_from
 from mltrace.rules.rule import Rule
-from mltrace.tensor import Tensor
 from mltrace.trials import Trial
+from mltrace.trials.tensor import Tensor
 
 
 def zero_fraction(tensor: Tensor, step: int) -> tuple[float | None, bool]:

@@ -18,8 +18,8 @@ from mltrace.rules.builtin._reading import (
     value_at,
 )
 from mltrace.rules.rule import Rule
-from mltrace.tensor import Tensor
 from mltrace.trials import Trial
+from mltrace.trials.tensor import Tensor
 
 #: Collections whose tensors cannot change outside training (skipped at EVAL/PREDICT steps).
 PARAMETER_COLLECTIONS = ("weights", "biases")

@@ -11,8 +11,8 @@ from mltrace.modes import ModeKeys
 from mltrace.rules.builtin._params import as_float, as_optional_int
 from mltrace.rules.builtin._reading import SavedSteps, TensorSelection, mode_of, value_at
 from mltrace.rules.rule import Rule
-from mltrace.tensor import Tensor
 from mltrace.trials import Trial
+from mltrace.trials.tensor import Tensor
 
 
 class WeightUpdateRatio(Rule):

@@ -17,7 +17,8 @@ from mltrace.modes import ModeKeys, mode_from
 from mltrace.reductions import canonical_name, compute
 
 if TYPE_CHECKING:
-    from mltrace.trials import Location, Trial
+    from mltrace.trials.index import Location
+    from mltrace.trials.trial import Trial
 
 T = TypeVar("T")
 

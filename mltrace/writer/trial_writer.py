@@ -3,11 +3,11 @@
 Records of a step are encoded on the training thread (cheap: bytes are built in memory) and the
 finished files are handed to one writer that writes them in order: the events file before its
 index file, so that a reader that finds an index file always finds its events file. For a local
-trial that writer is a child process fed through a pipe (mltrace.writer_process: its syscalls
+trial that writer is a child process fed through a pipe (mltrace.writer.process: its syscalls
 then never take the interpreter's lock from training); for S3, or if the child is not there, a
 background thread of this process.
 
-Remote stores (S3) can be down. Then files go to a local spill folder (mltrace.spill) instead of
+Remote stores (S3) can be down. Then files go to a local spill folder (mltrace.writer.spill) instead of
 waiting: when the bounded queue is full or the store refuses a file, that file and every later
 one are spilled in order, and the background thread uploads the spill as soon as the store
 answers again. Training never waits on the network beyond the queue, and no step is lost.
@@ -18,7 +18,7 @@ failed one are dropped with it, so that no index file names an events file that 
 The first failure is logged at once (naming the file and the cause), later ones are counted and
 summed up at close. The writer keeps trying: every later step is written as usual, so a disk
 that gets space again gets the steps again (smdebug's writer also went on). A hook built with
-``strict=True`` raises the failure instead (``failures``, a mltrace.failure_log.FailureLog).
+``strict=True`` raises the failure instead (``failures``, a mltrace.writer.failure_log.FailureLog).
 
 A job restarted into the out_dir of a crashed run (the hook accepts an out_dir without the end
 marker, as smdebug did) writes its steps from step 0 again, over the earlier run's files. Each
@@ -42,20 +42,20 @@ from typing import TypeVar, cast
 
 import numpy as np
 
-from mltrace.byte_queue import ByteQueue
 from mltrace.exceptions import TrialWriteError
-from mltrace.failure_log import FailureLog
 from mltrace.format import paths
 from mltrace.format.crc32c import crc32c_extend
 from mltrace.format.events import tensor_event_parts
 from mltrace.format.index import IndexEntry, ShapeEntry, StepIndex, encode_index
 from mltrace.format.records import MAGIC_FOOTER, OVERHEAD_BYTES, record_header
 from mltrace.modes import ModeKeys
-from mltrace.spill import SpillDir, default_spill_root
 from mltrace.storage.base import Storage
-from mltrace.writer_process import WriterProcess, WriterProcessGone
+from mltrace.writer.byte_queue import ByteQueue
+from mltrace.writer.failure_log import FailureLog
+from mltrace.writer.process import WriterProcess, WriterProcessGone
+from mltrace.writer.spill import SpillDir, default_spill_root
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("mltrace.writer")  # the name users configure: the package's
 
 _STOP = object()
 #: The files handed over together (a step: its events file, then its index file); None as data
@@ -90,7 +90,7 @@ class TrialWriter:
         max_pending_bytes: bytes of files queued for the background thread (and being
             written) before the training thread waits for the disk, or, with a remote store,
             before files go to the local spill. Memory stays bounded on a slow disk.
-        batch_steps: let the writer process take steps in batches (mltrace.writer_process);
+        batch_steps: let the writer process take steps in batches (mltrace.writer.process);
             False hands each step over at once, so that a write failure is known within a
             step or two (strict hooks, which raise it in training).
     """
@@ -104,7 +104,7 @@ class TrialWriter:
         self._step: _StepFile | None = None
         self._queue: ByteQueue[object] = ByteQueue(max_pending_bytes)
         self._thread: threading.Thread | None = None
-        #: files that could not be written (see mltrace.failure_log).
+        #: files that could not be written (see mltrace.writer.failure_log).
         self.failures = FailureLog(logger, "mltrace goes on with the next steps", "write errors")
         self.steps_written = 0
         self._earlier_steps: set[int] | None = None  # an earlier run's steps, once listed
@@ -182,7 +182,7 @@ class TrialWriter:
 
         The writer process takes steps that close one after the other in batches (a batch goes
         once it holds 8 steps or 256 KiB, or its first step waited 50 ms: see
-        mltrace.writer_process). The hook calls this at a step boundary after which nothing is
+        mltrace.writer.process). The hook calls this at a step boundary after which nothing is
         saved, so that the last saved steps never wait for a timer while training goes on: a
         step is handed over at the latest when the next step that saves nothing begins, and is
         on disk as soon as the child has written it (well under a millisecond for a small step).

@@ -1,4 +1,4 @@
-"""The reader: ``create_trial(path)`` and Trial, smdebug's analysis API over a trial directory.
+"""Trial, smdebug's analysis API over a trial directory (``create_trial`` opens one).
 
 Index-driven: a refresh lists only index files it has not read (``start_after`` the last complete
 step), reads them, and records where each record lives; a value is then one ranged read of one
@@ -21,10 +21,6 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-# Location and TensorEntries are part of the reader API (index_entries returns them).
-from mltrace._trial_index import Location as Location
-from mltrace._trial_index import TensorEntries as TensorEntries
-from mltrace._trial_index import TrialIndex
 from mltrace.collections import Collection, CollectionManager
 from mltrace.exceptions import (
     CorruptRecordError,
@@ -46,10 +42,15 @@ from mltrace.format.index import decode_index
 from mltrace.format.records import unframe_record
 from mltrace.modes import ModeKeys, mode_from
 from mltrace.storage import LocalStorage, open_storage
-from mltrace.storage.s3 import S3Storage, parse_s3_uri
-from mltrace.tensor import Tensor
+from mltrace.storage.s3 import S3Storage
 
-logger = logging.getLogger(__name__)
+# Location and TensorEntries are part of the reader API (index_entries returns them).
+from mltrace.trials.index import Location as Location
+from mltrace.trials.index import TensorEntries as TensorEntries
+from mltrace.trials.index import TrialIndex
+from mltrace.trials.tensor import Tensor
+
+logger = logging.getLogger("mltrace.trials")  # the name users configure: the package's
 
 #: How long create_trial waits for a first collections file (seconds); MLTRACE_TRIAL_WAIT overrides.
 DEFAULT_CREATE_TIMEOUT = 10.0
@@ -130,7 +131,7 @@ class Trial:
         **unknown: Any,
     ) -> None:
         if unknown:
-            raise _unknown_keywords("Trial", unknown, trial_keywords())
+            raise unknown_keywords("Trial", unknown, trial_keywords())
         self.path = path.strip()
         self.name = name or os.path.basename(self.path.rstrip("/")) or self.path
         self.storage = open_storage(self.path)
@@ -702,7 +703,7 @@ def trial_keywords() -> list[str]:
             if p.name not in ("self", "path") and p.kind is not p.VAR_KEYWORD]
 
 
-def _unknown_keywords(where: str, unknown: dict[str, Any], valid: list[str]) -> MltraceTypeError:
+def unknown_keywords(where: str, unknown: dict[str, Any], valid: list[str]) -> MltraceTypeError:
     """The error for keyword arguments ``where`` does not take: each named, with the closest
     valid one (difflib) and the full list."""
     hints = []
@@ -713,57 +714,3 @@ def _unknown_keywords(where: str, unknown: dict[str, Any], valid: list[str]) -> 
         f"{where}() got unknown keyword argument(s) {', '.join(hints)}; "
         f"valid keyword arguments are: {', '.join(valid)}"
     )
-
-
-def create_trial(path: str | None = None, name: str | None = None, *,
-                 out_dir: str | None = None, profiler: bool = False,
-                 output_dir: str | None = None, **kwargs: Any) -> Trial:
-    """Open the trial at ``path`` (or ``out_dir=``), a hook's output directory.
-
-    Args:
-        path: the trial's location (local path or URI), as smdebug's first argument.
-        name: a display name (default: the last path component).
-        out_dir: the same as ``path``, by the hook's name for it.
-        profiler: smdebug's argument for its profiler trials; mltrace writes no profiler data,
-            so only False is accepted.
-        output_dir: smdebug's argument (where its profiler trials wrote reports); no effect.
-        **kwargs: Trial's keyword arguments (``range_steps``, ``timeout``, ``poll_interval``, and
-            smdebug's ``check``, ``index_mode``, ``cache``, ``parallel``).
-
-    Raises:
-        MltraceValueError: no location given, or ``profiler=True``.
-        MltraceTypeError: an unknown keyword argument (the message lists the valid ones).
-
-    Example:
-        >>> trial = create_trial("/tmp/run")
-        >>> trial.tensor("gradient/Net_fc1.weight").values()
-    """
-    if kwargs:
-        valid = [*trial_keywords(), "out_dir", "profiler", "output_dir"]
-        unknown = {k: v for k, v in kwargs.items() if k not in valid}
-        if unknown:
-            raise _unknown_keywords("create_trial", unknown, valid)
-    if profiler:
-        raise MltraceValueError(
-            "create_trial(profiler=True) opens smdebug's profiler trials; mltrace records no "
-            "profiler data (use MLflow's system metrics): call create_trial(path)"
-        )
-    location = path if path is not None else out_dir
-    if location is None:
-        raise MltraceValueError(
-            "create_trial needs the trial's path: create_trial('/path/to/out_dir')")
-    if isinstance(location, str):
-        location = location.strip()
-        scheme = location.split("://", 1)[0].lower() if "://" in location else "file"
-        if scheme == "file":
-            return LocalTrial(name, location, **kwargs)
-        if scheme == "s3":
-            parse_s3_uri(location)  # a clear error for s3:// without a bucket
-            bucket, _, prefix = location[len("s3://"):].partition("/")
-            return S3Trial(name, bucket, prefix, **kwargs)
-    return Trial(location, name=name, **kwargs)
-
-
-# LocalTrial and S3Trial (smdebug's names, which create_trial returns) subclass Trial, so they are
-# imported once Trial exists.
-from mltrace._trial_kinds import LocalTrial, S3Trial  # noqa: E402

@@ -1,14 +1,14 @@
 """smdebug's two trial classes, ``LocalTrial`` and ``S3Trial``, with smdebug's signatures:
 ``create_trial`` returns one or the other, and code that builds them by name or checks
-``isinstance`` keeps working. All their behaviour is Trial's. Import them from mltrace.trials,
-which imports this module once Trial is defined."""
+``isinstance`` keeps working. All their behaviour is Trial's. Import them from mltrace.trials.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from mltrace.exceptions import MltraceValueError
-from mltrace.trials import Trial
+from mltrace.trials.trial import Trial
 
 
 class LocalTrial(Trial):

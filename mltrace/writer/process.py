@@ -6,7 +6,7 @@ syscall of that thread (a step's events and index files take about ten: folders,
 renames) lets go of the interpreter's lock, which the thread then has to win back from the
 training thread; on the benchmark MLP saving every step, that cost training about 0.4 ms a step,
 twice the syscalls' own time. Here the training thread hands a step over with one ``writev`` into
-a pipe, and a process of its own (mltrace/writer_child.py, standard library only) writes the
+a pipe, and a process of its own (mltrace/writer/child.py, standard library only) writes the
 files, in order, each atomically. Failures come back over a second pipe and are recorded in the
 trial writer's failure log by a thread that sleeps in ``select`` otherwise.
 
@@ -31,9 +31,9 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 
-from mltrace import writer_child as protocol
 from mltrace.storage.base import Storage
 from mltrace.storage.local import LocalStorage
+from mltrace.writer import child as protocol
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""What a background writer (mltrace.writer, mltrace.tensorboard_export) does with files it
+"""What a background writer (mltrace.writer, mltrace.writer.tensorboard) does with files it
 could not write: log the first failure at once, count the rest and sum them up at close, keep
 the first messages only (a long run on a full disk fails at every step: memory must not grow
 with it), and hold the first failure not yet raised for hooks built with ``strict=True``."""

@@ -1,6 +1,6 @@
 """The trial writer's process: writes the files of one local trial that a pipe brings it.
 
-mltrace.writer_process starts this file as ``python -S writer_child.py ROOT MAX_PENDING_BYTES``.
+mltrace.writer.process starts this file as ``python -S child.py ROOT MAX_PENDING_BYTES``.
 It uses the standard library only and loads its two mltrace helpers (``byte_queue.py`` and
 ``storage/atomic_files.py``) by their paths, so that it starts in milliseconds and never imports
 what the training script imports (nor runs a ``sitecustomize``). This module also holds the pipe
@@ -142,9 +142,10 @@ def main(argv: list[str]) -> int:
             signal.signal(getattr(signal, name), signal.SIG_IGN)
     discarding = threading.Event()
     signal.signal(signal.SIGUSR1, lambda *_: discarding.set())
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.abspath(__file__))  # mltrace/writer/
     byte_queue = _load("mltrace_writer_byte_queue", os.path.join(here, "byte_queue.py"))
-    atomic = _load("mltrace_writer_atomic_files", os.path.join(here, "storage", "atomic_files.py"))
+    atomic = _load("mltrace_writer_atomic_files",
+                   os.path.join(os.path.dirname(here), "storage", "atomic_files.py"))
     pending = byte_queue.ByteQueue(max_pending)
     reader = threading.Thread(target=_read_frames, args=(sys.stdin.buffer, pending, discarding),
                               name="mltrace-writer-pipe", daemon=True)

@@ -34,7 +34,7 @@ from mltrace.config import ReductionConfig, SaveConfig, name_list
 from mltrace.exceptions import MltraceTypeError, MltraceValueError, StopTrainingRequested
 from mltrace.format import paths
 from mltrace.modes import ModeKeys
-from mltrace.tensorboard_export import resolve_tensorboard_dir
+from mltrace.writer.tensorboard import resolve_tensorboard_dir
 
 logger = logging.getLogger(__name__)
 

@@ -26,11 +26,11 @@ A flush that fails (a full disk) leaves no partial record: the appended file is 
 previous size (a new file is removed), the first failure is logged with the file and the cause,
 later ones are counted and summed up at close, and the summaries of that flush are dropped. The
 writer keeps going: the next flush appends again, so summaries reappear once the disk has space.
-A hook built with ``strict=True`` raises the failure instead (``failures``, a mltrace.failure_log.FailureLog).
+A hook built with ``strict=True`` raises the failure instead (``failures``, a mltrace.writer.failure_log.FailureLog).
 
 Histograms are binned like torch's ``SummaryWriter.add_histogram(bins="tensorflow")`` (TF's
 exponential buckets, +-1e-12 growing by 1.1 up to 1e20, plus 0; empty outer buckets trimmed;
-values beyond +-1e20 fall outside, as there; see mltrace.histogram_bins), so the bytes equal
+values beyond +-1e20 fall outside, as there; see mltrace.writer.histogram_bins), so the bytes equal
 torch's for the same values, but for the last bits of sum_squares (einsum here, BLAS there). An adapter may bin a tensor where it lives (``add_binned_histogram``,
 e.g. on a GPU) so that only the counts reach the host.
 NaN and Inf are left out of a histogram (torch would write NaN min/max, which TensorBoard cannot
@@ -52,9 +52,7 @@ from bisect import bisect_right
 
 import numpy as np
 
-from mltrace.byte_queue import ByteQueue
 from mltrace.exceptions import TrialWriteError
-from mltrace.failure_log import FailureLog
 from mltrace.format import paths
 from mltrace.format.events import (
     encode_file_version_event,
@@ -63,9 +61,11 @@ from mltrace.format.events import (
     histogram_parts,
 )
 from mltrace.format.records import frame_parts, frame_record
-from mltrace.histogram_bins import DEFAULT_BINS, EDGE_LIST, Binned, bin_values
 from mltrace.modes import ModeKeys
 from mltrace.storage import open_storage
+from mltrace.writer.byte_queue import ByteQueue
+from mltrace.writer.failure_log import FailureLog
+from mltrace.writer.histogram_bins import DEFAULT_BINS, EDGE_LIST, Binned, bin_values
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ class TensorBoardWriter:
         folder = self.storage.local_path("x")
         if folder is not None:  # the folder is there once the export starts (smdebug made it too)
             os.makedirs(os.path.dirname(folder), exist_ok=True)
-        #: encodes and flushes that failed (see mltrace.failure_log).
+        #: encodes and flushes that failed (see mltrace.writer.failure_log).
         self.failures = FailureLog(logger, "the export goes on")
         self.events_written = 0
 
@@ -189,7 +189,7 @@ class TensorBoardWriter:
 
     def add_binned_histogram(self, mode: ModeKeys, step: int, tag: str, binned: Binned,
                              wall_time: float | None = None) -> None:
-        """Queue a histogram binned already (mltrace.histogram_bins' buckets)."""
+        """Queue a histogram binned already (mltrace.writer.histogram_bins' buckets)."""
         self._put(("b", mode, step, clean_tag(tag), binned,
                    time.time() if wall_time is None else wall_time))
 
