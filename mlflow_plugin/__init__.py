@@ -4,6 +4,7 @@ seed 002. mltrace's core never imports this package; names are loaded on first u
 ``import mlflow_plugin`` imports neither MLflow nor matplotlib.
 
     sink.py      MlflowSink: batched metrics off the training thread, params, tags, artifacts
+                 (one part per concern in _sink_*.py)
     rules.py     MlflowRuleListener (entry point mltrace.rule_listeners)
     context.py   MltraceRunContextProvider (entry point mlflow.run_context_provider)
     compare.py   compare_runs / `mltrace compare`

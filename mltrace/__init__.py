@@ -4,9 +4,12 @@ Public names only; frameworks live in mltrace.pytorch (and the other adapters), 
 mltrace.trials, rules in mltrace.rules.
 """
 
-from mltrace import modes
+#: The version (setup.cfg reads it; MLflow runs are tagged with it).
+__version__ = "0.1.0"
+
+
+from mltrace import modes  # noqa: E402 - after __version__, which setup.cfg reads
 from mltrace._logging import configure_from_env as configure_logging
-from mltrace._version import __version__
 from mltrace.capture.recorder_config import FlightRecorderConfig
 from mltrace.collections import Collection, CollectionKeys
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode

@@ -85,8 +85,9 @@ def _check_exists(location: str, wait: float) -> None:
         MltraceValueError: ``location`` is a missing local path and ``wait`` is 0.
     """
     from mltrace.exceptions import MltraceValueError
+    from mltrace.storage import is_remote
 
-    if wait > 0 or "://" in location or os.path.exists(location):
+    if wait > 0 or is_remote(location) or os.path.exists(location):
         return
     raise MltraceValueError(
         f"{location!r} does not exist: pass a hook's out_dir, or --wait SECONDS to wait for a "

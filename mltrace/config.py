@@ -75,8 +75,7 @@ def _reject_unknown_attribute(obj: object, name: str, allowed: Iterable[str]) ->
     """Setting a misspelt field (``save_intervl``) would be silently ignored: raise instead."""
     if not name.startswith("_") and name not in allowed:
         raise MltraceAttributeError(
-            f"{type(obj).__name__} has no setting {name!r}: use one of {', '.join(sorted(allowed))}"
-        )
+            f"{type(obj).__name__} has no setting {name!r}: use one of {', '.join(sorted(allowed))}")
 
 
 class SaveConfigMode:
@@ -91,14 +90,9 @@ class SaveConfigMode:
         True
     """
 
-    def __init__(
-        self,
-        save_interval: int | str | None = None,
-        start_step: int | str | None = None,
-        end_step: int | str | None = None,
-        save_steps: Iterable[int] | str | None = None,
-        when_nan: Iterable[str] | None = None,
-    ) -> None:
+    def __init__(self, save_interval: int | str | None = None, start_step: int | str | None = None,
+                 end_step: int | str | None = None, save_steps: Iterable[int] | str | None = None,
+                 when_nan: Iterable[str] | None = None) -> None:
         self.save_interval = DEFAULT_SAVE_INTERVAL if save_interval is None else save_interval
         self._end_step: int | None = None
         self.start_step = 0 if start_step is None else start_step
@@ -106,7 +100,7 @@ class SaveConfigMode:
         self.save_steps = save_steps
         self.when_nan = when_nan
 
-    SETTINGS = ("save_interval", "start_step", "end_step", "save_steps", "when_nan")
+    SETTINGS = ("save_interval", "start_step", "end_step", "save_steps", "when_nan")  # __init__'s order
 
     def __setattr__(self, name: str, value: Any) -> None:
         _reject_unknown_attribute(self, name, self.SETTINGS)
@@ -173,8 +167,7 @@ class SaveConfigMode:
             raise MltraceValueError(
                 f"end_step={end} is {where} start_step={start}: end_step is exclusive, so nothing "
                 f"would be saved; use end_step > start_step, e.g. end_step={start + 1}, or "
-                "end_step=0 to switch saving off"
-            )
+                "end_step=0 to switch saving off")
 
     def should_save_step(self, step: int) -> bool:
         """True if mode step ``step`` is due (when_nan steps are decided by the hook)."""
@@ -195,12 +188,8 @@ class SaveConfigMode:
 
     def to_json_dict(self) -> dict[str, Any]:
         """smdebug's dict form; ``when_nan`` is added only when set (smdebug ignores it)."""
-        out: dict[str, Any] = {
-            "save_interval": self.save_interval,
-            "save_steps": list(self.save_steps),
-            "start_step": self.start_step,
-            "end_step": self.end_step,
-        }
+        out: dict[str, Any] = {"save_interval": self.save_interval, "save_steps": list(self.save_steps),
+                               "start_step": self.start_step, "end_step": self.end_step}
         if self.when_nan:
             out["when_nan"] = list(self.when_nan)
         return out
@@ -222,15 +211,11 @@ class SaveConfigMode:
         if not isinstance(params, Mapping):
             raise MltraceValueError(f"a save config must be a dict, got {params!r}")
         defaults = defaults or {}
-        unknown = set(params) - {"save_interval", "start_step", "end_step", "save_steps", "when_nan"}
+        unknown = set(params) - set(cls.SETTINGS)
         if unknown:
-            raise MltraceValueError(
-                f"unknown save config keys {sorted(unknown)}: allowed are save_interval, start_step, "
-                "end_step, save_steps, when_nan"
-            )
-        pick = lambda k: params.get(k, defaults.get(k))  # noqa: E731
-        return cls(pick("save_interval"), pick("start_step"), pick("end_step"), pick("save_steps"),
-                   pick("when_nan"))
+            raise MltraceValueError(f"unknown save config keys {sorted(unknown)}: allowed are "
+                                    f"{', '.join(cls.SETTINGS)}")
+        return cls(*(params.get(k, defaults.get(k)) for k in cls.SETTINGS))
 
     def copy(self) -> SaveConfigMode:
         """An independent copy."""
@@ -258,7 +243,8 @@ class SaveConfig:
     sets it for every mode.
     """
 
-    _FIELDS = ("save_interval", "start_step", "end_step", "save_steps")
+    #: the settings a SaveConfig sets (and reads) on every mode at once
+    _FIELDS = SaveConfigMode.SETTINGS
 
     def __init__(
         self,
@@ -274,16 +260,14 @@ class SaveConfig:
         if mode_save_configs is not None and not isinstance(mode_save_configs, Mapping):
             raise MltraceValueError(
                 f"mode_save_configs={mode_save_configs!r} must be a dict {{mode: SaveConfigMode}}, "
-                "e.g. {modes.TRAIN: SaveConfigMode(save_interval=10)}"
-            )
+                "e.g. {modes.TRAIN: SaveConfigMode(save_interval=10)}")
         for mode, cfg in (mode_save_configs or {}).items():
             if mode in SaveConfigMode.SETTINGS:
                 # {"save_interval": 10} is one mode's settings, not a dict of modes.
                 raise MltraceValueError(
                     f"save config {dict(mode_save_configs)!r} has the setting {mode!r} where a mode "  # type: ignore[arg-type]
                     f"belongs: use SaveConfig({mode}=...) for every mode, or "
-                    f"{{'TRAIN': {{{mode!r}: ...}}}} for one"
-                )
+                    f"{{'TRAIN': {{{mode!r}: ...}}}} for one")
             mode = mode_from(mode)
             if isinstance(cfg, Mapping):
                 try:
@@ -292,31 +276,30 @@ class SaveConfig:
                     raise MltraceValueError(f"save config of mode {mode.name}: {exc}") from None
             if not isinstance(cfg, SaveConfigMode):
                 raise MltraceValueError(
-                    f"mode_save_configs[{mode.name}]={cfg!r} must be a SaveConfigMode or a dict"
-                )
+                    f"mode_save_configs[{mode.name}]={cfg!r} must be a SaveConfigMode or a dict")
             if when_nan and not cfg.when_nan:
                 cfg.when_nan = when_nan
             modes[mode] = cfg
         object.__setattr__(self, "mode_save_configs", modes)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in self._FIELDS or name == "when_nan":
+        if name in self._FIELDS:
             # Validate once before changing any mode, so a bad value leaves every mode as it was.
             for cfg in self.mode_save_configs.values():
                 setattr(cfg.copy(), name, value)
             for cfg in self.mode_save_configs.values():
                 setattr(cfg, name, value)
             return
-        _reject_unknown_attribute(self, name, (*self._FIELDS, "when_nan", "mode_save_configs"))
+        _reject_unknown_attribute(self, name, (*self._FIELDS, "mode_save_configs"))
         object.__setattr__(self, name, value)
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for attributes not found normally: the per-mode fields.
-        if name in self._FIELDS or name == "when_nan":
-            values = [getattr(c, name) for c in self.__dict__["mode_save_configs"].values()]
+        if name in self._FIELDS:
+            modes = self.__dict__["mode_save_configs"]
+            values = [getattr(c, name) for c in modes.values()]
             return values[0] if all(v == values[0] for v in values) else {
-                m.name: v for m, v in zip(self.__dict__["mode_save_configs"], values)
-            }
+                m.name: v for m, v in zip(modes, values)}
         raise AttributeError(name)
 
     def get_save_config(self, mode: ModeKeys | str) -> SaveConfigMode:
@@ -381,8 +364,7 @@ class SaveConfig:
         if isinstance(obj, Mapping):
             return cls(mode_save_configs=obj)
         raise MltraceValueError(
-            f"save_config={obj!r} must be a SaveConfig, a SaveConfigMode or a dict {{mode: SaveConfigMode}}"
-        )
+            f"save_config={obj!r} must be a SaveConfig, a SaveConfigMode or a dict {{mode: SaveConfigMode}}")
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, SaveConfig) and self.to_json_dict() == other.to_json_dict()
@@ -411,10 +393,8 @@ def _check_names(kind: str, names: Iterable[str], allowed: Sequence[str], field:
     for name in names:
         name = str(name).strip()
         if name not in allowed:
-            hint = _did_you_mean(name, allowed)
-            raise MltraceValueError(
-                f"unknown {kind} {name!r}{hint}: choose from {', '.join(allowed)}"
-            )
+            raise MltraceValueError(f"unknown {kind} {name!r}{_did_you_mean(name, allowed)}: "
+                                    f"choose from {', '.join(allowed)}")
         if name not in out:
             out.append(name)
     return out
@@ -503,29 +483,23 @@ class ReductionConfig:
 
     def items(self) -> list[tuple[str, bool]]:
         """Every (reduction name, abs) pair to compute, norms included, in smdebug's order."""
-        return (
-            [(r, False) for r in self.reductions + self.norms]
-            + [(r, True) for r in self.abs_reductions + self.abs_norms]
-        )
+        return ([(r, False) for r in self.reductions + self.norms]
+                + [(r, True) for r in self.abs_reductions + self.abs_norms])
 
     def _tokens(self, extra: bool) -> list[str]:
-        def keep(name: str) -> bool:
-            return (name in EXTRA_REDUCTIONS) == extra
-
-        return (
-            [r for r in self.reductions if keep(r)]
-            + ([f"{n}_norm" for n in self.norms] if not extra else [])
-            + [f"abs_{r}" for r in self.abs_reductions if keep(r)]
-            + ([f"abs_{n}_norm" for n in self.abs_norms] if not extra else [])
-        )
+        """The JSON tokens of smdebug's reductions and norms, or (``extra``) of mltrace's own."""
+        if extra:
+            return ([r for r in self.reductions if r in EXTRA_REDUCTIONS]
+                    + [f"abs_{r}" for r in self.abs_reductions if r in EXTRA_REDUCTIONS])
+        return ([r for r in self.reductions if r not in EXTRA_REDUCTIONS]
+                + [f"{n}_norm" for n in self.norms]
+                + [f"abs_{r}" for r in self.abs_reductions if r not in EXTRA_REDUCTIONS]
+                + [f"abs_{n}_norm" for n in self.abs_norms])
 
     def to_json_dict(self) -> dict[str, Any]:
         """smdebug's form: only the reductions smdebug knows are in ``reductions``."""
-        return {
-            "save_raw_tensor": self.save_raw_tensor,
-            "reductions": ",".join(self._tokens(extra=False)),
-            "save_shape": self.save_shape,
-        }
+        return {"save_raw_tensor": self.save_raw_tensor, "reductions": ",".join(self._tokens(extra=False)),
+                "save_shape": self.save_shape}
 
     def extra_reductions_string(self) -> str:
         """mltrace's own reductions as a token string ('' if none), for the extra JSON key."""
@@ -544,28 +518,18 @@ class ReductionConfig:
         if not isinstance(params, Mapping):
             raise MltraceValueError(f"reduction_config must be a dict, got {params!r}")
         tokens = str(params.get("reductions") or "") + "," + (extra or "")
-        red: list[str] = []
-        abs_red: list[str] = []
-        norms: list[str] = []
-        abs_norms: list[str] = []
-        for token in (t.strip() for t in tokens.split(",")):
-            if not token:
-                continue
-            is_abs = token.startswith("abs_")
-            base = token[4:] if is_abs else token
+        found: dict[str, list[str]] = {field: [] for field in cls._LISTS}
+        for token in filter(None, (t.strip() for t in tokens.split(","))):
+            base = token.removeprefix("abs_")
+            prefix = token[:len(token) - len(base)]  # "abs_" or ""
             if base.endswith("_norm") and base[:-5] in SMDEBUG_NORMS:
                 base = base[:-5]
-            if base in SMDEBUG_NORMS:
-                (abs_norms if is_abs else norms).append(base)
-            elif base in SMDEBUG_REDUCTIONS + EXTRA_REDUCTIONS:
-                (abs_red if is_abs else red).append(base)
-            else:
+            if base not in ALL_REDUCTIONS:
                 valid = list(SMDEBUG_REDUCTIONS + EXTRA_REDUCTIONS) + ["l1_norm", "l2_norm"]
-                raise MltraceValueError(
-                    f"unknown reduction {token!r}{_did_you_mean(base, valid)}: use "
-                    f"{', '.join(valid)} (any of them prefixed abs_)"
-                )
-        return cls(red, abs_red, norms, abs_norms,
+                raise MltraceValueError(f"unknown reduction {token!r}{_did_you_mean(base, valid)}: use "
+                                        f"{', '.join(valid)} (any of them prefixed abs_)")
+            found[prefix + ("norms" if base in SMDEBUG_NORMS else "reductions")].append(base)
+        return cls(found["reductions"], found["abs_reductions"], found["norms"], found["abs_norms"],
                    _flag("save_raw_tensor", params.get("save_raw_tensor", False)),
                    _flag("save_shape", params.get("save_shape", False)))
 
@@ -573,8 +537,7 @@ class ReductionConfig:
         """smdebug's ``to_json``: ``to_json_dict()`` as JSON text, plus mltrace's own reductions
         under ``mltrace_reductions`` when there are any (smdebug's from_json ignores that key)."""
         out = self.to_json_dict()
-        extra = self.extra_reductions_string()
-        if extra:
+        if extra := self.extra_reductions_string():
             out[EXTRA_REDUCTIONS_KEY] = extra
         return json.dumps(out)
 

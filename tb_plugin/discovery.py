@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from mltrace.format import flight_record, paths
-from mltrace.storage import open_storage
+from mltrace.storage import is_remote, open_storage
 
 logger = logging.getLogger(__name__)
 
@@ -38,11 +38,6 @@ class TrialRef:
 
     name: str
     location: str
-
-
-def is_remote(location: str) -> bool:
-    """True for ``scheme://`` locations other than file://."""
-    return "://" in location and not location.startswith("file://")
 
 
 def is_local_trial(path: str) -> bool:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from mltrace.exceptions import MltraceValueError
 from mltrace.format import paths
+from mltrace.storage import is_remote
 from tb_plugin import discovery, metadata
 
 logger = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ class Launch:
 
 
 def _has_export(location: str) -> bool:
-    if discovery.is_remote(location):
+    if is_remote(location):
         return True
     return os.path.isdir(os.path.join(location, paths.TENSORBOARD_DIR))
 
@@ -77,7 +78,7 @@ def build_launch(
             "(a trial holds collections/000000000/*_collections.json): "
             "pass a hook's out_dir or a folder of them"
         )
-    remote = discovery.is_remote(target)
+    remote = is_remote(target)
     names = [_run_name(rel, loc) for rel, loc in trials]
     exports = [
         (n, f"{loc.rstrip('/')}/{paths.TENSORBOARD_DIR}")

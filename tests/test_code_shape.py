@@ -86,3 +86,60 @@ def test_private_members_of_other_objects_are_only_known_framework_internals() -
     assert not unknown, (
         "the library reads private members of other objects: use or add a public method instead "
         f"(a framework internal with no public alternative goes in FRAMEWORK_INTERNALS): {unknown}")
+
+
+#: The adapter protocol's size: what a framework must know of the capture core.
+ADAPTER_METHOD_LIMIT = 20
+
+
+def _methods(path: Path, class_name: str) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name)
+    return [n.name for n in cls.body if isinstance(n, ast.FunctionDef) and n.name != "__init__"]
+
+
+def test_the_adapter_protocol_is_small_and_knows_nothing_of_the_flight_recorder() -> None:
+    """``Adapter`` (mltrace/capture/adapter.py) has at most 20 methods, none that only the
+    flight recorder calls: those are ``RecordingAdapter``'s (mltrace/capture/recording_adapter.py)."""
+    core = _methods(REPO / "mltrace" / "capture" / "adapter.py", "Adapter")
+    recording = _methods(REPO / "mltrace" / "capture" / "recording_adapter.py", "RecordingAdapter")
+    assert len(core) <= ADAPTER_METHOD_LIMIT, f"Adapter has {len(core)} methods: {core}"
+    assert not set(core) & set(recording)
+    recorder_calls = set()
+    for path in (REPO / "mltrace" / "capture").glob("flight_recorder*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) \
+                    and node.value.attr == "adapter":
+                recorder_calls.add(node.attr)
+    only_recorder = recorder_calls - set(core)
+    assert only_recorder <= set(recording), f"recorder-only calls outside RecordingAdapter: {only_recorder}"
+
+
+CLASS_LIMIT = 400
+MODULE_LIMIT = 600
+TOP_LEVEL_LIMIT = 12
+#: Code that is not mltrace's own (none is vendored as Python today; the frontend's charting
+#: library is JavaScript).
+VENDORED: tuple[str, ...] = ()
+
+
+def test_no_class_over_400_lines_and_no_module_over_600() -> None:
+    big_classes, big_modules = [], []
+    for path in _sources():
+        if any(part in VENDORED for part in path.parts):
+            continue
+        text = path.read_text(encoding="utf-8")
+        lines = text.count("\n") + 1
+        if lines > MODULE_LIMIT:
+            big_modules.append(f"{path.relative_to(REPO)} ({lines} lines)")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and _length(node) > CLASS_LIMIT:
+                big_classes.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({_length(node)} lines)")
+    assert not big_classes, f"classes over {CLASS_LIMIT} lines: split them by concern: {big_classes}"
+    assert not big_modules, f"modules over {MODULE_LIMIT} lines: split them by concern: {big_modules}"
+
+
+def test_the_top_of_mltrace_holds_the_shared_basics_and_front_doors_only() -> None:
+    """At most 12 modules directly in mltrace/: everything else lives in the folder of its part."""
+    top = sorted(p.name for p in (REPO / "mltrace").glob("*.py"))
+    assert len(top) <= TOP_LEVEL_LIMIT, f"{len(top)} modules directly in mltrace/: {top}"

@@ -17,10 +17,10 @@ import pytest
 import torch
 
 import mltrace.pytorch as smd
+from mltrace.capture.json_config import parse_hook_config
 from mltrace.capture.recorder_config import FlightRecorderConfig
 from mltrace.exceptions import MltraceValueError
 from mltrace.format.flight_record import read_records, record_key, write_request
-from mltrace.json_config import parse_hook_config
 from mltrace.storage import open_storage
 from mltrace.trials import create_trial
 from tests.flight_training import POISONED, train
@@ -447,3 +447,16 @@ def test_a_name_added_to_a_recorded_collection_during_training_is_recorded_from_
     # step 3 holds the value saved by hand; the module's output is recorded from step 4 on
     assert trial.tensor("lin_output_0").steps() == [3, 4, 5, 6, 7]
     assert trial.tensor("lin_output_0").reduction_value(5, "max") == pytest.approx(_first_call_max(model, x))
+
+
+def test_an_adapter_that_cannot_record_is_refused_with_the_fix(tmp_path):
+    """The flight recorder needs a RecordingAdapter; a hook built on a framework adapter that
+    is not one says so when it is built, naming the adapter and the fix."""
+    from mltrace.capture.adapter import Adapter
+    from mltrace.capture.hook import Hook as CoreHook
+    from mltrace.capture.options import HookOptions
+
+    options = HookOptions(out_dir=str(tmp_path / "run"), flight_recorder=FlightRecorderConfig())
+    with pytest.raises(MltraceValueError, match="Adapter.*cannot record.*without flight_recorder"):
+        CoreHook(options, Adapter())
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())

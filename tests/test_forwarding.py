@@ -1,4 +1,4 @@
-"""mltrace.forwarding.Forwarded: attributes a front object shows from one of its parts, on real
+"""mltrace.capture.forwarding.Forwarded: attributes a front object shows from one of its parts, on real
 hooks (the TensorFlow front over its core hook, the XGBoost hook over its adapter)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import xgboost as xgb
 
 import mltrace.xgboost
+from mltrace.capture.forwarding import Forwarded
 from mltrace.exceptions import MltraceTypeError
-from mltrace.forwarding import Forwarded
 from mltrace.modes import ModeKeys
 from mltrace.tensorflow import KerasHook
 

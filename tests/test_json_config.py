@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from mltrace.capture.json_config import config_file_path, load_hook_config, parse_hook_config
 from mltrace.config import ReductionConfig, SaveConfigMode
 from mltrace.exceptions import MltraceValueError
-from mltrace.json_config import config_file_path, load_hook_config, parse_hook_config
 from mltrace.modes import ModeKeys
 
 SMDEBUG_CONFIG = {

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 import mltrace.pytorch as smd
-from mltrace import json_config
+from mltrace.capture import json_config
+from mltrace.capture.json_config import parse_hook_config
 from mltrace.collections import Collection
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
 from mltrace.exceptions import MltraceValueError
-from mltrace.json_config import parse_hook_config
 from mltrace.modes import ModeKeys
 from mltrace.trials import create_trial
 from tests.smdebug_era_configs import SMDEBUG_ERA_CONFIGS, write_config

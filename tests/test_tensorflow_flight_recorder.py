@@ -345,7 +345,7 @@ def test_under_mirrored_strategy_replica_0s_values_are_recorded(tmp_path):
 
 
 def test_a_steps_reductions_reach_the_host_flat_as_numpy_defines_them():
-    from mltrace.capture.adapter import Adapter
+    from mltrace.capture.recording_adapter import RecordingAdapter
     from mltrace.reductions import compute
 
     adapter = smd.KerasHook._adapter_class()
@@ -359,6 +359,6 @@ def test_a_steps_reductions_reach_the_host_flat_as_numpy_defines_them():
     started = [adapter.reduce_on_device(v, items) for v in values]
     flat = adapter.reductions_to_flat(started)
     assert flat.dtype == np.float64 and flat.shape == (len(values) * len(items),)
-    np.testing.assert_array_equal(flat, Adapter.reductions_to_flat(adapter, started))
+    np.testing.assert_array_equal(flat, RecordingAdapter.reductions_to_flat(adapter, started))
     expected = [float(compute(n, np.asarray(v), a)) for v in values for n, a in items]
     np.testing.assert_allclose(flat, expected, rtol=1e-6)  # NaN where numpy has NaN

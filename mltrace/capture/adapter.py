@@ -12,22 +12,22 @@ A framework adapter (``mltrace.pytorch``, ``mltrace.tensorflow``, ``mltrace.mxne
 
 Every method has a default that fits host (numpy) values, so an adapter overrides only what its
 framework needs. The hook never calls anything else of an adapter, and adapters override
-nothing of the hook.
+nothing of the hook. What only the flight recorder asks of an adapter is an interface of its
+own, :class:`mltrace.capture.recording_adapter.RecordingAdapter`.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from mltrace.capture.errors import ErrorPolicy
-from mltrace.collections import GRADIENT_PREFIX, Collection, CollectionKeys
+from mltrace.collections import Collection, CollectionKeys
 from mltrace.exceptions import MltraceTypeError
 from mltrace.format import paths
-from mltrace.reductions import all_finite
 from mltrace.writer.histogram_bins import Binned
 
 if TYPE_CHECKING:
@@ -35,24 +35,6 @@ if TYPE_CHECKING:
 
 #: (reduction name, of the absolute value) pairs, as ReductionConfig.items() gives them.
 ReductionItems = list[tuple[str, bool]]
-
-
-class StepCopies(Protocol):
-    """A framework's ring of step copies for the flight recorder (:meth:`Adapter.step_copies`):
-    a recorded tensor is copied into a preallocated slot and reduced only when its step is read.
-    The handles it makes are read by the adapter's :meth:`Adapter.reductions_finite` and
-    :meth:`Adapter.reductions_to_flat`, as the reducer's are."""
-
-    nbytes: int  # what its slots take
-
-    def reducer(self, fallback: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        """The per-tensor call: a copy's handle, or ``fallback(value)``."""
-
-    def pack(self, started: list[Any]) -> list[Any]:
-        """Close a step whose handles are ``started`` (in place of ``pack_reductions``)."""
-
-    def release(self) -> None:
-        """Copy nothing more and free the slots."""
 
 
 class Adapter:
@@ -117,13 +99,6 @@ class Adapter:
         """
         return self.reduce(value, items)
 
-    def reducer(self, items: ReductionItems) -> Callable[[Any], Any]:
-        """The flight recorder's per-tensor call: ``reduce_on_device(value, items)`` for a value
-        it can keep (:meth:`recordable`), None for one it cannot. An adapter may return a faster
-        equivalent decided once for ``items`` (it runs for every recorded tensor of every
-        step)."""
-        return lambda value: self.reduce_on_device(value, items) if self.recordable(value) else None
-
     def bins_on_device(self, value: Any) -> bool:
         """True if :meth:`device_histogram` bins ``value`` where it lives (an accelerator's
         tensor); otherwise its TensorBoard histogram is binned from a host copy."""
@@ -138,66 +113,6 @@ class Adapter:
         """The results of the :meth:`reduce_on_device` handles ``started``, in their order (as
         :meth:`reduce` returns them)."""
         return list(started)
-
-    # -- the flight recorder (mltrace.capture.flight_recorder) ----------------------------------
-    def recordable(self, value: Any) -> bool:
-        """True if the flight recorder can keep ``value`` (its reductions need no collective)."""
-        return True
-
-    def shape_and_dtype(self, value: Any) -> tuple[tuple[int, ...], Any]:
-        """``value``'s shape and its numpy dtype (or the framework's, where numpy has none),
-        read without copying it."""
-        array = np.asarray(value) if not hasattr(value, "shape") else value
-        return tuple(int(s) for s in array.shape), getattr(array, "dtype", np.float64)
-
-    def snapshot(self, value: Any) -> Any:
-        """A copy of ``value`` that later changes to it do not reach, kept where it lives (the
-        recorder's raw copies); :meth:`to_numpy` turns it into a host array when dumped."""
-        return np.array(self.to_numpy(value), copy=True, subok=True)
-
-    def nbytes(self, snapshot: Any) -> int:
-        """The memory a :meth:`snapshot` takes."""
-        return int(snapshot.nbytes)
-
-    def tensor_phase(self, name: str) -> str:
-        """The phase in which the tensor ``name`` was produced, named with the flight recorder's
-        first non-finite tensor: ``forward`` for a module's inputs and outputs, ``backward`` for
-        a gradient, ``other`` otherwise. Default: the PyTorch and MXNet names
-        (``<module>_output_<i>``, ``gradient/<param>``)."""
-        if name.startswith(GRADIENT_PREFIX):
-            return "backward"
-        if "_output_" in name or "_input_" in name:
-            return "forward"
-        return "other"
-
-    def reductions_to_flat(self, started: list[Any]) -> np.ndarray:
-        """The results of :meth:`reduce_on_device` handles ``started``, concatenated into one
-        float array in their order (the flight recorder keeps a step's reductions this way;
-        every handle's reductions have values: it records no empty tensor). Float64 here; an
-        adapter may keep the reductions' own float dtype."""
-        return np.array([float(np.real(v)) if v is not None else np.nan
-                         for result in self.reductions_to_host(started) for v in result],
-                        dtype=np.float64)
-
-    def reductions_finite(self, started: list[Any]) -> bool:
-        """True if every result of the handles ``started`` is finite (the flight recorder's check
-        of each step); False may also mean a sum that overflowed (mltrace.reductions.all_finite):
-        the caller then looks value by value."""
-        return all_finite(self.reductions_to_flat(started).tolist())
-
-    def pack_reductions(self, started: list[Any]) -> list[Any]:
-        """:meth:`reduce_on_device` handles kept a while (the flight recorder's ring) in as few
-        objects as the adapter can (one tensor per device); :meth:`reductions_to_flat` reads
-        them. Default: as they are."""
-        return started
-
-    def step_copies(self, items: ReductionItems, ring_steps: int, max_bytes: int,
-                    checked: bool) -> StepCopies | None:
-        """The flight recorder's ring of copies (see :class:`StepCopies`) for a ring of
-        ``ring_steps`` steps, within ``max_bytes``, where copying a tensor is cheaper than
-        reducing it (``checked``: each step is checked for non-finite values); None (the
-        default) reduces every tensor as it comes."""
-        return None
 
     def is_member(self, collection: Collection, name: str) -> bool:
         """True if the tensor ``name`` belongs to ``collection`` (default: its names and regexes)."""

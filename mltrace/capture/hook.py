@@ -28,6 +28,7 @@ from mltrace.capture.outputs import Outputs
 from mltrace.capture.plan import SavePlan
 from mltrace.capture.quiet import quiet_lane
 from mltrace.capture.recording import Recording
+from mltrace.capture.recording_adapter import RecordingAdapter
 from mltrace.capture.stop import StopSignal
 from mltrace.collections import Collection, CollectionManager
 from mltrace.config import ReductionConfig, SaveConfig, name_list
@@ -115,7 +116,7 @@ class Hook:
         global _current_hook
         configure_from_env()  # MLTRACE_LOG_LEVEL, as smdebug read SMDEBUG_LOG_LEVEL in its hooks
         self.options = options
-        self.adapter = adapter or Adapter()
+        self.adapter = adapter or RecordingAdapter()  # numpy values, which the recorder can keep
         self.errors = ErrorPolicy(options.strict, self._stop_saving)
         self.tensorboard_dir = resolve_tensorboard_dir(
             options.out_dir, options.export_tensorboard, options.tensorboard_dir)

@@ -22,7 +22,9 @@ from mltrace.capture.options import HookOptions
 from mltrace.capture.outputs import Outputs
 from mltrace.capture.plan import SavePlan
 from mltrace.capture.recorder_config import check_collections
+from mltrace.capture.recording_adapter import RecordingAdapter
 from mltrace.capture.stop import StopSignal
+from mltrace.exceptions import MltraceValueError
 from mltrace.format.flight_record import Dump, FlightRecord
 from mltrace.modes import ModeKeys
 from mltrace.writer import TrialWriter
@@ -69,6 +71,10 @@ class Recording:
         if config is None or options.dry_run:
             return None
         assert not isinstance(config, (dict, bool))  # HookOptions parsed it
+        if not isinstance(adapter, RecordingAdapter):
+            raise MltraceValueError(
+                f"flight_recorder={config!r}: this hook's framework adapter "
+                f"({type(adapter).__name__}) cannot record; build the hook without flight_recorder")
         if config.collections is not None:
             check_collections(config.collections, plan.manager.get_collections())
         return cls(FlightRecorder(config, adapter), plan, stop, sinks, options.strict, writing)

@@ -23,7 +23,7 @@ class StopSignal:
 
     def __init__(self, storage: Storage, interval: float | None = None) -> None:
         self._storage = storage
-        local = storage.local_path(paths.STOP_SIGNAL_FILE) is not None
+        local = storage.is_local
         self.interval = interval if interval is not None else (1.0 if local else 5.0)
         #: When (time.monotonic) poll looks next; before that it only answers from memory.
         self.next_look = 0.0

@@ -1,7 +1,7 @@
 """The configuration of ``mltrace run``: smdebug's JSON document, merged with command-line options.
 
 The document has smdebug's shape (``LocalPath``, ``HookParameters``, ``CollectionConfigurations``;
-see mltrace.json_config). It comes from ``--config FILE``, else from the file named by
+see mltrace.capture.json_config). It comes from ``--config FILE``, else from the file named by
 ``MLTRACE_CONFIG_FILE_PATH`` / ``SMDEBUG_CONFIG_FILE_PATH``; command-line hook options override
 its keys. ``mltrace run`` validates it once, before the script starts, and hands it to every
 process of the job inline in ``MLTRACE_RUN_CONFIG`` (a child process, e.g. a torchrun worker,
@@ -17,11 +17,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from mltrace.capture.json_config import CONFIG_ENV_VARS, config_file_path, parse_hook_config
 from mltrace.capture.recorder_config import check_collections
 from mltrace.collections import CollectionKeys
 from mltrace.exceptions import MltraceValueError
 from mltrace.format.paths import END_OF_JOB_MARKER
-from mltrace.json_config import CONFIG_ENV_VARS, config_file_path, parse_hook_config
 
 #: The resolved document, inline JSON, in the environment of the script and its children.
 RUN_CONFIG_ENV = "MLTRACE_RUN_CONFIG"

@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from mltrace.capture import hook as core_hook
+from mltrace.capture.json_config import create_hook_from_parsed, parse_hook_config
 from mltrace.exceptions import StopTrainingRequested
-from mltrace.json_config import create_hook_from_parsed, parse_hook_config
 from mltrace.launch.config import RUN_CONFIG_ENV
 
 logger = logging.getLogger(__name__)

@@ -19,8 +19,9 @@ import numpy as np
 from mxnet import autograd, gluon
 from mxnet.ndarray import NDArray
 
-from mltrace.capture.adapter import Adapter, ReductionItems, as_numpy
+from mltrace.capture.adapter import ReductionItems, as_numpy
 from mltrace.capture.errors import guarded
+from mltrace.capture.recording_adapter import RecordingAdapter
 from mltrace.collections import GRADIENT_PREFIX, TORNASOLE_INCLUDE_COLLECTIONS, CollectionKeys
 from mltrace.exceptions import MltraceTypeError
 from mltrace.mxnet._reductions import NAN_SAFE, host_results, reduce_on_device, start_reductions
@@ -32,7 +33,7 @@ logger = logging.getLogger(__name__)
 _PARAM_COLLECTIONS = frozenset(TORNASOLE_INCLUDE_COLLECTIONS + [CollectionKeys.LOSSES])
 
 
-class GluonAdapter(Adapter):
+class GluonAdapter(RecordingAdapter):
     """Gluon's side of the capture (see the module docstring and mltrace.mxnet.hook for what is
     saved when)."""
 

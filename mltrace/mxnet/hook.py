@@ -35,11 +35,11 @@ from mltrace.capture.errors import guarded
 from mltrace.capture.hook import Hook as CoreHook
 from mltrace.capture.hook import get_hook as _current_hook
 from mltrace.capture.hook import hook_of_class
+from mltrace.capture.json_config import create_hook_from_config
 from mltrace.capture.options import HookOptions
 from mltrace.capture.recorder_config import FlightRecorderConfig
 from mltrace.collections import TORNASOLE_INCLUDE_COLLECTIONS
 from mltrace.config import ReductionConfig
-from mltrace.json_config import create_hook_from_config
 from mltrace.mxnet.adapter import GluonAdapter
 from mltrace.mxnet.collection import (
     DEFAULT_INCLUDE_COLLECTIONS,
@@ -108,7 +108,7 @@ class Hook(CoreHook):
 
     @classmethod
     def create_from_json_file(cls, json_file_path: str | None = None) -> Hook:
-        """Build a hook from smdebug's JSON configuration (see mltrace.json_config)."""
+        """Build a hook from smdebug's JSON configuration (see mltrace.capture.json_config)."""
         return create_hook_from_config(cls, json_file_path)
 
     @guarded(user_facing=True)

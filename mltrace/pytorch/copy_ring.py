@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mltrace.capture.adapter import Adapter
+from mltrace.capture.recording_adapter import RecordingAdapter
 from mltrace.pytorch.reductions import DeviceReductions, fused_reductions
 from mltrace.reductions import all_finite
 
@@ -123,7 +123,7 @@ class CopyRing:
     """
 
     def __init__(self, items: list[tuple[str, bool]], ring_steps: int, max_bytes: int,
-                 adapter: Adapter, checked: bool = True) -> None:
+                 adapter: RecordingAdapter, checked: bool = True) -> None:
         self.reduce_copy = fused_reductions(items)
         self.slots = ring_steps + 2
         self.max_bytes = max_bytes

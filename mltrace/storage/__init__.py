@@ -38,6 +38,12 @@ def _s3(location: str) -> Storage:
 register_scheme("s3", _s3)
 
 
+def is_remote(location: str) -> bool:
+    """True if ``location`` is a URI of a remote store (``s3://``, ...), not a local path or a
+    ``file://`` URI."""
+    return "://" in location and not location.lower().startswith("file://")
+
+
 def open_storage(location: str) -> Storage:
     """Return the Storage for a local path or a ``scheme://`` URI.
 

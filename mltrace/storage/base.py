@@ -11,10 +11,33 @@ from collections.abc import Sequence
 
 
 class Storage(ABC):
-    """A trial's location: a local directory (local.py) or an S3 prefix (the S3 issue)."""
+    """A trial's location: a local directory (local.py) or an S3 prefix (s3.py).
+
+    What a storage can do beyond the methods is said by two properties, so that no caller has
+    to guess it from the class or a URI: :attr:`is_local` and :attr:`writes_plain_files`.
+    """
 
     #: the location as the user gave it (path or URI), for messages.
     uri: str
+
+    @property
+    def local_folder(self) -> str | None:
+        """The folder of this machine that holds the keys as files (:meth:`local_path` names
+        each), or None for a remote store."""
+        return None
+
+    @property
+    def is_local(self) -> bool:
+        """True if keys are files in a folder of this machine: readers then look for new files
+        at once, and writers need no spill folder."""
+        return self.local_folder is not None
+
+    @property
+    def writes_plain_files(self) -> bool:
+        """True if another process may write this storage's files itself, as plain files
+        replaced atomically (mltrace.storage.atomic_files): the trial writer's child process
+        does so. A storage that changes how files are written is written through itself."""
+        return False
 
     @abstractmethod
     def write(self, key: str, data: bytes) -> None:
@@ -42,7 +65,7 @@ class Storage(ABC):
         return [self.read(key, start, length) for key, start, length in requests]
 
     def local_path(self, key: str) -> str | None:
-        """A filesystem path for ``key`` when the storage is local, else None."""
+        """A filesystem path for ``key`` when the storage :attr:`is_local`, else None."""
         return None
 
     def delete(self, key: str) -> None:

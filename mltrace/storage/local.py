@@ -30,6 +30,16 @@ class LocalStorage(Storage):
             raise MltraceValueError(f"storage key {key!r} must be a relative path without '..'")
         return os.path.join(self.root, *parts)
 
+    @property
+    def local_folder(self) -> str:
+        return self.root
+
+    @property
+    def writes_plain_files(self) -> bool:
+        """True for LocalStorage itself; a subclass that writes or deletes its own way (a test's
+        faulty disk, say) is written through its methods."""
+        return type(self).write is LocalStorage.write and type(self).delete is LocalStorage.delete
+
     def local_path(self, key: str) -> str:
         return self._path(key)
 

@@ -12,14 +12,14 @@ from collections.abc import Iterable
 from typing import Any, ClassVar, Self, cast
 
 from mltrace.capture.flight_recorder import FlightRecorder
+from mltrace.capture.forwarding import Forwarded
 from mltrace.capture.hook import Hook
+from mltrace.capture.json_config import create_hook_from_config
 from mltrace.capture.options import HookOptions
 from mltrace.capture.recorder_config import FlightRecorderConfig
 from mltrace.collections import Collection as _CoreCollection
 from mltrace.collections import CollectionManager
 from mltrace.config import ReductionConfig, SaveConfig
-from mltrace.forwarding import Forwarded
-from mltrace.json_config import create_hook_from_config
 from mltrace.modes import ModeKeys
 from mltrace.tensorflow._core import TFAdapter, is_symbolic, take_pending
 from mltrace.tensorflow.collection import DEFAULT_SAVED_COLLECTIONS, Collection
@@ -79,7 +79,7 @@ class TFHookAPI:
 
     @classmethod
     def create_from_json_file(cls, json_file_path: str | None = None) -> Self:
-        """Build a hook from smdebug's JSON configuration (see mltrace.json_config)."""
+        """Build a hook from smdebug's JSON configuration (see mltrace.capture.json_config)."""
         return cast(Self, create_hook_from_config(cls, json_file_path))
 
     # -- collections ----------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -143,3 +144,9 @@ def io_names(prefix: str, value: Any) -> list[tuple[str, Any]]:
     if len(flat) == 1:
         return [(prefix, flat[0])]
     return [(f"{prefix}_{i}", v) for i, v in enumerate(flat)]
+
+
+#: The names io_names gives a layer's inputs and outputs (``<layer>/outputs``, ``<layer>/inputs_1``).
+LAYER_IO = re.compile(r"^(?P<layer>[^/]+)/(inputs|outputs)(_\d+)?$")
+#: The names io_names gives the model's inputs, labels and predictions (``inputs``, ``labels_0``).
+MODEL_IO = re.compile(r"^(inputs|labels|predictions)(_\d+)?$")

@@ -22,7 +22,7 @@ the hook hands Keras only for the steps that save them (see mltrace.tensorflow._
 steps run the graph Keras built, XLA included. With ``steps_per_execution=N`` Keras calls
 callbacks once per N batches: one hook step then spans N batches, and in-step values are those
 of its first batch. Under MirroredStrategy in-step values are replica 0's (see
-mltrace.tensorflow._core._in_first_replica); weights and losses are the synchronised ones.
+mltrace.tensorflow._distribution.in_first_replica); weights and losses are the synchronised ones.
 """
 
 from __future__ import annotations

@@ -1,6 +1,10 @@
 """The reader: ``create_trial(path)`` opens a trial, smdebug's analysis API over a hook's output.
 
-- :mod:`~mltrace.trials.trial`: ``Trial``, steps, tensor names, collections, refreshing.
+- :mod:`~mltrace.trials.trial`: ``Trial``, joining the parts below, and ``Tensor`` objects.
+- :mod:`~mltrace.trials.refresh`: reading new index files, and which steps are complete.
+- :mod:`~mltrace.trials.steps`: steps, modes and workers; ``StepState``; waiting for steps.
+- :mod:`~mltrace.trials.names`: tensor names and collections; one tensor's index entries.
+- :mod:`~mltrace.trials.records`: reading and checking records; the flight recorder's records.
 - :mod:`~mltrace.trials.tensor`: ``Tensor``, one tensor's values, reductions and shapes over steps.
 - :mod:`~mltrace.trials.index`: where each record lives, as the index files say.
 - :mod:`~mltrace.trials.kinds`: smdebug's ``LocalTrial`` and ``S3Trial``.

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from mltrace.exceptions import MltraceValueError
+from mltrace.storage import is_remote
 from mltrace.trials.trial import Trial
 
 
@@ -29,7 +30,7 @@ class LocalTrial(Trial):
                  range_steps: tuple[int | None, int | None] | None = None,
                  parallel: bool = True, check: bool = False, index_mode: bool = True,
                  cache: bool = False, **kwargs: Any) -> None:
-        if not isinstance(dirname, str) or "://" in dirname and not dirname.startswith("file://"):
+        if not isinstance(dirname, str) or is_remote(dirname):
             raise MltraceValueError(
                 f"LocalTrial(dirname={dirname!r}) takes a local directory; open a URI with "
                 "create_trial(uri) (S3Trial for s3://)")

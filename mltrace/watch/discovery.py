@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from mltrace.exceptions import MltraceRuntimeError
 from mltrace.format import flight_record, paths
+from mltrace.storage import is_remote
 from mltrace.watch.storage_cache import StorageCache
 
 logger = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ class TrialFinder:
         self.location = location.rstrip("/") or location
         self.storages = storages or StorageCache()
         self.max_depth = max_depth
-        self._remote = "://" in location and not location.startswith("file://")
+        self._remote = is_remote(location)
         self._known: dict[str, FoundTrial] = {}
 
     def scan(self) -> list[FoundTrial]:

@@ -32,7 +32,6 @@ import weakref
 from collections.abc import Callable, Sequence
 
 from mltrace.storage.base import Storage
-from mltrace.storage.local import LocalStorage
 from mltrace.writer import child as protocol
 
 logger = logging.getLogger(__name__)
@@ -308,13 +307,12 @@ class WriterProcess:
         if choice not in ("process", "thread"):
             logger.warning("%s=%r is not a writer: use 'process' or 'thread'; writing with a process",
                            WRITER_ENV, choice)
+        root = storage.local_folder
         if (choice == "thread" or os.name != "posix" or not sys.executable
-                or not isinstance(storage, LocalStorage)
-                or type(storage).write is not LocalStorage.write
-                or type(storage).delete is not LocalStorage.delete):
+                or not storage.writes_plain_files or root is None):
             return None
         try:
-            return cls(storage.root, max_pending_bytes, on_failure)
+            return cls(root, max_pending_bytes, on_failure)
         except OSError as exc:
             logger.debug("could not start a writer process (%s); writing with a thread", exc)
             return None

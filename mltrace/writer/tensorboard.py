@@ -153,7 +153,7 @@ class TensorBoardWriter:
         self.location = location
         self.storage = open_storage(location)
         self.worker = paths.check_worker_name(worker) if worker else None
-        self._local = self.storage.local_path("x") is not None
+        self._local = self.storage.is_local
         self.flush_secs = flush_secs if flush_secs is not None else (
             DEFAULT_FLUSH_SECS if self._local else REMOTE_FLUSH_SECS)
         self._queue: ByteQueue[object] = ByteQueue(max_pending_bytes)
@@ -166,9 +166,9 @@ class TensorBoardWriter:
         self._files: dict[ModeKeys, str] = {}
         self._closed = False
         self._discarding = False
-        folder = self.storage.local_path("x")
+        folder = self.storage.local_folder
         if folder is not None:  # the folder is there once the export starts (smdebug made it too)
-            os.makedirs(os.path.dirname(folder), exist_ok=True)
+            os.makedirs(folder, exist_ok=True)
         #: encodes and flushes that failed (see mltrace.writer.failure_log).
         self.failures = FailureLog(logger, "the export goes on")
         self.events_written = 0

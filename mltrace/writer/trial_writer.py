@@ -110,7 +110,7 @@ class TrialWriter:
         self._earlier_steps: set[int] | None = None  # an earlier run's steps, once listed
         self.close_timeout = close_timeout
         self.retry_interval = retry_interval
-        remote = storage.local_path(paths.END_OF_JOB_MARKER) is None
+        remote = not storage.is_local
         self.spill = SpillDir(spill_root or default_spill_root(), storage.uri, self.worker) if remote else None
         self._spill_lock = threading.Lock()
         self._outage_logged = False

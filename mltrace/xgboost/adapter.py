@@ -18,9 +18,10 @@ import numpy as np
 import xgboost as xgb
 from xgboost import collective
 
-from mltrace.capture.adapter import Adapter, ReductionItems, as_numpy
+from mltrace.capture.adapter import ReductionItems, as_numpy
 from mltrace.capture.errors import guarded
 from mltrace.capture.hook import Hook
+from mltrace.capture.recording_adapter import RecordingAdapter
 from mltrace.collections import Collection, CollectionKeys
 from mltrace.config import ReductionConfig, SaveConfig
 from mltrace.exceptions import MltraceTypeError
@@ -31,7 +32,7 @@ logger = logging.getLogger(__name__)
 K = CollectionKeys
 
 
-class XGBoostAdapter(Adapter):
+class XGBoostAdapter(RecordingAdapter):
     """Saves a boosting round's metrics, hyperparameters, predictions, labels, feature importance,
     SHAP values and trees through the hook it is attached to.
 

@@ -53,15 +53,15 @@ from typing import Any, SupportsIndex
 
 import xgboost as xgb
 
+from mltrace.capture.forwarding import Forwarded
 from mltrace.capture.hook import Hook as CoreHook
 from mltrace.capture.hook import get_hook as _current_hook
 from mltrace.capture.hook import hook_of_class
+from mltrace.capture.json_config import create_hook_from_config
 from mltrace.capture.options import HookOptions
 from mltrace.capture.recorder_config import FlightRecorderConfig
 from mltrace.collections import Collection
 from mltrace.config import ReductionConfig, SaveConfig
-from mltrace.forwarding import Forwarded
-from mltrace.json_config import create_hook_from_config
 from mltrace.xgboost.adapter import XGBoostAdapter
 from mltrace.xgboost.collection import (
     DEFAULT_COLLECTIONS,
@@ -147,7 +147,7 @@ class Hook(CoreHook):
 
     @classmethod
     def create_from_json_file(cls, json_file_path: str | None = None) -> Hook:
-        """Build a hook from smdebug's JSON configuration (see mltrace.json_config); save keys the
+        """Build a hook from smdebug's JSON configuration (see mltrace.capture.json_config); save keys the
         file leaves out take XGBoost's defaults (every 10 rounds). Set ``hook.train_data``,
         ``hook.validation_data`` and ``hook.hyperparameters`` afterwards, as with smdebug."""
         return create_hook_from_config(cls, json_file_path,

@@ -149,7 +149,7 @@ def test_the_recorder_skips_what_has_no_reduction():
 
 
 def test_a_steps_reductions_reach_the_host_flat_as_numpy_defines_them():
-    from mltrace.capture.adapter import Adapter
+    from mltrace.capture.recording_adapter import RecordingAdapter
     from mltrace.mxnet.adapter import GluonAdapter
     from mltrace.reductions import compute
 
@@ -164,6 +164,6 @@ def test_a_steps_reductions_reach_the_host_flat_as_numpy_defines_them():
     started = [adapter.reduce_on_device(mx.nd.array(a, dtype=a.dtype), items) for a in arrays]
     flat = adapter.reductions_to_flat(started)
     assert flat.dtype == np.float64 and flat.shape == (len(arrays) * len(items),)
-    np.testing.assert_array_equal(flat, Adapter.reductions_to_flat(adapter, started))
+    np.testing.assert_array_equal(flat, RecordingAdapter.reductions_to_flat(adapter, started))
     expected = [float(compute(n, a, abs_)) for a in arrays for n, abs_ in items]
     np.testing.assert_allclose(flat, expected, rtol=1e-6)  # NaN where numpy has NaN
