@@ -13,9 +13,9 @@ runs interleaved round by round (warm-up round, then ``--runs`` measured rounds)
 Workload: an MLP of ``--layers`` (8) ``Linear(512, 512)`` with ReLU between them, each Linear
 ``fully_shard``-ed and then the root, MSE loss, SGD (lr 0.01), batch 32 per rank (each rank its
 own fixed batches, generated before timing), ``--steps`` (30) steps per run, ``--world`` (2)
-processes launched here with gloo on loopback (``tests.ddp_training.launch_ranks``), one torch
+processes launched here with gloo on loopback (``launch_ranks`` of bench/_support.py), one torch
 thread each. A hook is created on every rank after ``fully_shard`` and before
-``register_module`` (as tests/fsdp_training.py does); ``include_workers="one"``: rank 0 writes.
+``register_module`` (as tests/support/fsdp_training.py does); ``include_workers="one"``: rank 0 writes.
 
 A run is: fresh sharded model, optimizer and hook on a fresh ``out_dir``, a barrier, then the
 timed region: ``--steps`` training steps plus ``hook.close()`` (which waits for deferred
@@ -252,7 +252,7 @@ def table(summary: dict[str, dict[str, Any]], fsdp_bytes: float) -> str:
 
 
 def launch(args: argparse.Namespace) -> int:
-    from tests.ddp_training import launch_ranks
+    from _support import launch_ranks
 
     load_start = os.getloadavg()
     workdir = tempfile.mkdtemp(prefix="mltrace-bench-fsdp-")

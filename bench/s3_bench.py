@@ -2,7 +2,7 @@
 trial with mltrace's reader against real smdebug 1.0.34's S3Trial.
 
 The script starts its own SeaweedFS (``weed mini`` of the venv, on free 127.0.0.1 ports, checking
-credentials, like tests/servers.py) and stops it by PID at the end.
+credentials; bench/_support.py) and stops it by PID at the end.
 
 1. Write throughput. The same files a PyTorch hook writes (one events and one index file per step)
    go to S3 three ways, each timed from the first step to the last byte on the server:
@@ -28,8 +28,9 @@ smdebug reads slowly (per value a new boto3 client and a ListObjectsV2 of all of
 reads the first ``--smdebug-warmup-values`` (20) values and ``--smdebug-runs`` (1) full runs are
 measured. Prints a table; writes bench/results/s3.json (git-ignored).
 
-smdebug's S3Trial sees no steps on SeaweedFS 4.48 without tests/s3_compat.py (a listing bug of
-that release, see there), which the smdebug reader process installs.
+smdebug's S3Trial sees no steps on SeaweedFS 4.48 without a work-around for a listing bug of that
+release (``install_seaweedfs_listing_fix`` in bench/_support.py), which the smdebug reader process
+installs.
 
 Example:
     .venv/bin/python bench/s3_bench.py                 # 10-15 minutes on 2 busy cores
@@ -64,16 +65,13 @@ TARGET = 10.0
 # -- the S3 server -------------------------------------------------------------------------------
 
 def start_server(root: str) -> Any:
-    """SeaweedFS on free loopback ports (tests/s3_process.py), with AWS_* set for this process
+    """SeaweedFS on free loopback ports (bench/_support.py), with AWS_* set for this process
     and the reader processes."""
-    from tests.s3_process import RestartableS3
+    from _support import SeaweedS3
 
-    server = RestartableS3(root)
+    server = SeaweedS3(root)
     server.start()
-    os.environ.update(AWS_ENDPOINT_URL=server.server.endpoint,
-                      AWS_ACCESS_KEY_ID=server.server.access_key,
-                      AWS_SECRET_ACCESS_KEY=server.server.secret_key,
-                      AWS_DEFAULT_REGION="us-east-1", AWS_REGION="us-east-1")
+    os.environ.update(server.env())
     return server
 
 
@@ -309,9 +307,9 @@ def reader_main(argv: list[str]) -> int:
     parser.add_argument("--warmup-values", type=int, default=0, help="0: the warm-up reads all")
     args = parser.parse_args(argv)
     if args.lib == "smdebug":
-        from tests import s3_compat
+        from _support import install_seaweedfs_listing_fix
 
-        s3_compat.install()  # SeaweedFS 4.48's listing bug, see tests/s3_compat.py
+        install_seaweedfs_listing_fix()  # SeaweedFS 4.48's listing bug, see there
     warmup = read_once(args.lib, args.uri, args.tensor, "value" if args.warmup_values else args.how,
                        args.warmup_values or None)
     runs = [read_once(args.lib, args.uri, args.tensor, args.how) for _ in range(args.runs)]
@@ -402,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_start": " ".join(f"{x:.1f}" for x in os.getloadavg())}}
     server = start_server(os.path.join(tmp, "weed"))
     try:
-        report["env"]["server"] = f"SeaweedFS {_weed_version()} at {server.server.endpoint}"
+        report["env"]["server"] = f"SeaweedFS {_weed_version()} at {server.endpoint}"
         client = _client()
         client.create_bucket(Bucket="bench")
         if not args.skip_write:

@@ -1,7 +1,7 @@
 """``mltrace watch`` throughput: finished trials on S3, three rules each, run by one watcher with
 the local process pool and with Ray on the same cores, side by side in one run.
 
-The script starts its own SeaweedFS (tests/s3_process.py, free 127.0.0.1 ports) and a one-node
+The script starts its own SeaweedFS (bench/_support.py, free 127.0.0.1 ports) and a one-node
 Ray cluster (``ray start --head --block`` with ``--num-cpus`` = the pool size), both stopped by
 PID at the end. It writes ``--trials`` finished trials of ``--steps`` steps (two gradients and a
 loss per step, mltrace's own writer) under one prefix, then for each executor clears the rule
@@ -46,7 +46,7 @@ RULES = [{"RuleName": "VanishingGradient"}, {"RuleName": "ExplodingTensor"},
 def write_trials(n: int, steps: int) -> list[str]:
     import numpy as np
 
-    from tests.rule_trials import write_trial
+    from _support import write_trial
 
     rng = np.random.default_rng(0)
 
@@ -86,7 +86,7 @@ def time_watcher(executor, cap: int) -> dict:
 
 
 def start_ray(cpus: int, env: dict) -> tuple[subprocess.Popen, str, str]:
-    from tests.servers import _tail, _wait, free_port
+    from _support import free_port, tail, wait_until
 
     temp = tempfile.mkdtemp(prefix="mlt-rayb-")
     port = free_port()
@@ -100,7 +100,7 @@ def start_ray(cpus: int, env: dict) -> tuple[subprocess.Popen, str, str]:
              f"--temp-dir={temp}"],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             start_new_session=True)
-    _wait(lambda: "Ray runtime started" in _tail(log, 100000), 120, "ray head", proc, log)
+    wait_until(lambda: "Ray runtime started" in tail(log, 100000), 120, "ray head", proc, log)
     return proc, f"127.0.0.2:{port}", temp
 
 
@@ -127,19 +127,18 @@ def main() -> None:
                    help="pool and Ray runs, interleaved; the best of each is reported")
     args = p.parse_args()
 
-    from tests.s3_process import RestartableS3
-    from tests.servers import S3_KEY, S3_SECRET, stop
+    from _support import SeaweedS3, stop
 
     root = tempfile.mkdtemp(prefix="mlt-bench-watch-")
-    s3 = RestartableS3(root)
+    s3 = SeaweedS3(root)
     s3.start()
-    env = {"AWS_ENDPOINT_URL": s3.server.endpoint, "AWS_ACCESS_KEY_ID": S3_KEY,
-           "AWS_SECRET_ACCESS_KEY": S3_SECRET, "AWS_DEFAULT_REGION": "us-east-1",
+    env = {"AWS_ENDPOINT_URL": s3.endpoint, "AWS_ACCESS_KEY_ID": s3.access_key,
+           "AWS_SECRET_ACCESS_KEY": s3.secret_key, "AWS_DEFAULT_REGION": "us-east-1",
            "RAY_USAGE_STATS_ENABLED": "0"}
     os.environ.update(env)
     ray_proc = None
     try:
-        client = s3.server.client()
+        client = s3.client()
         client.create_bucket(Bucket=BUCKET)
         load0 = os.getloadavg()[0]
         t0 = time.perf_counter()

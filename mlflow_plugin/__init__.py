@@ -1,6 +1,6 @@
 """MLflow side of mltrace: a hook's MLflow sink (``Hook(..., mlflow=True)``), rule executions as
 MLflow runs, the run-context provider, comparison of runs across experiments, and the plots of
-seed 002. mltrace's core never imports this package; names are loaded on first use, so that
+the SageMaker Debugger tensor-analysis notebook. mltrace's core never imports this package; names are loaded on first use, so that
 ``import mlflow_plugin`` imports neither MLflow nor matplotlib.
 
     sink.py      MlflowSink: batched metrics off the training thread, params, tags, artifacts

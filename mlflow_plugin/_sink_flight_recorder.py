@@ -13,7 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 from mlflow_plugin import flight_recorder
+from mltrace.exceptions import MltraceRuntimeError
 from mltrace.format.flight_record import Dump, FlightRecord
+from mltrace.writer.failure_log import FailureLog
 
 #: The sink's logger, whichever of its parts logs.
 logger = logging.getLogger("mlflow_plugin.sink")
@@ -26,7 +28,7 @@ class DumpTags:
     _closed: bool
     _strict: bool
     #: a failure a strict hook has not raised yet
-    _unraised: str | None
+    _failures: FailureLog
     _wake: threading.Event
     #: the run's part: set tags now (raises what MLflow raises)
     _set_tags: Callable[[dict[str, Any]], None]
@@ -64,7 +66,7 @@ class DumpTags:
         try:
             self._set_tags(tags)
         except Exception as exc:
-            if self._strict and self._unraised is None:
-                self._unraised = f"flight recorder tags: {exc}"
-            logger.error("could not tag MLflow run %s with the flight recorder dump: %s",
-                         self.run_id, exc)
+            self._failures.record(
+                f"could not tag MLflow run {self.run_id} with the flight recorder dump: {exc}",
+                MltraceRuntimeError(f"could not tag MLflow run {self.run_id} with the flight "
+                                    f"recorder dump: {exc}; check the tracking store"))

@@ -28,6 +28,7 @@ from mlflow_plugin import _transport
 from mlflow_plugin._sink_names import MetricNames
 from mltrace.exceptions import MltraceRuntimeError
 from mltrace.modes import ModeKeys
+from mltrace.writer.failure_log import FailureLog
 
 #: The sink's logger, whichever of its parts logs.
 logger = logging.getLogger("mlflow_plugin.sink")
@@ -47,8 +48,8 @@ class MetricBatching(MetricNames):
     flush_interval: float
     _params: dict[str, str] | None
     _strict: bool
-    #: a failure a strict hook has not raised yet
-    _unraised: str | None
+    #: failures of the background logging (mltrace.writer.failure_log's policy)
+    _failures: FailureLog
     # Steps of a flush that are other parts' (the run's params, its description, dump tags).
     _log_params_once: Callable[[], None]
     _safe_hook_params: Callable[[], dict[str, str]]
@@ -65,8 +66,6 @@ class MetricBatching(MetricNames):
         self._dropped = 0
         self._wake = threading.Event()
         self._stopping = False
-        self._failed_batches = 0
-        self._first_error: str | None = None
         self.metrics_sent = 0
         self._transport: Any = _transport.ThreadTransport(self.client, self.run_id)
         flag = os.environ.get("MLTRACE_MLFLOW_PROCESS", "1").strip().lower()
@@ -90,7 +89,7 @@ class MetricBatching(MetricNames):
             mltrace.exceptions.MltraceRuntimeError: only for strict hooks, once per failure of
                 the background logging since the last raise (else failures are only logged).
         """
-        if self._unraised is not None and self._strict:
+        if self._failures.unraised and self._strict:
             self._raise_failure()
         pending = self._pending
         if len(pending) == _MAX_PENDING:
@@ -160,19 +159,17 @@ class MetricBatching(MetricNames):
 
     # -- failures ---------------------------------------------------------------------------------
     def _failed(self, error: Any, batches: int = 1) -> None:
-        self._failed_batches += batches
-        if self._unraised is None:
-            self._unraised = str(error)
-        if self._first_error is None:
-            self._first_error = str(error)
-            logger.error("could not log metrics to MLflow run %s: %s (further failures are "
-                         "counted and reported at close)", self.run_id, error)
+        self._failures.record(
+            f"could not log metrics to MLflow run {self.run_id}: {error}",
+            MltraceRuntimeError(
+                f"could not log metrics to MLflow run {self.run_id} at {self.tracking_uri}: "
+                f"{error}; check the tracking store (a hook with strict=False logs this once and "
+                "keeps training)"), count=batches)
 
     def _raise_failure(self) -> None:
-        error, self._unraised = self._unraised, None
-        raise MltraceRuntimeError(
-            f"could not log metrics to MLflow run {self.run_id} at {self.tracking_uri}: {error}; "
-            "check the tracking store (a hook with strict=False logs this once and keeps training)")
+        failure = self._failures.take()
+        if failure is not None:
+            raise failure
 
     def _retire_process(self, timeout: float = 30.0) -> None:
         """Switch to the thread transport; account for what the helper process did."""
@@ -202,6 +199,4 @@ class MetricBatching(MetricNames):
         if self._dropped:
             logger.warning("MLflow logging fell behind: %d metric points were dropped",
                            self._dropped)
-        if self._failed_batches > 1:
-            logger.error("%d metric batches could not be logged to MLflow run %s; first error: %s",
-                         self._failed_batches, self.run_id, self._first_error)
+        self._failures.summarize(f"{{count}} failures logging to MLflow run {self.run_id}")

@@ -1,4 +1,4 @@
-"""Plots of seed 002's notebook, from trials: how tensor distributions move over steps (animated
+"""Plots of the SageMaker Debugger tensor-analysis notebook, from trials: how tensor distributions move over steps (animated
 GIF), and two trials side by side (PNG, or GIF). matplotlib is imported inside each function
 (Agg canvas, no pyplot: nothing changes the user's backend); GIFs are assembled with Pillow.
 
@@ -162,7 +162,7 @@ def _animate(panels: Mapping[str, Sequence[tuple[str, Mapping[int, np.ndarray]]]
 def create_interactive_matplotlib_histogram(tensors: Mapping[str, Mapping[int, Any]],
                                             filename: str = "histogram.gif", bins: int = 50,
                                             duration_ms: int = 400) -> str:
-    """Seed 002's helper: an animated GIF of each tensor's histogram, one frame per step.
+    """The tensor-analysis notebook's helper: an animated GIF of each tensor's histogram, one frame per step.
 
     Args:
         tensors: ``{tensor name: {step: value}}``.
@@ -202,7 +202,7 @@ def compare_trials(trial_a: Trial | str, trial_b: Trial | str, tensors: str | Se
                    filename: str = "comparison.png", labels: Sequence[str] | None = None,
                    steps: Sequence[int] | None = None, mode: ModeKeys | str = ModeKeys.GLOBAL,
                    bins: int = 50, max_steps: int | None = 50, duration_ms: int = 400) -> str:
-    """Two trials side by side, tensor by tensor (seed 002's good vs bad initialisation).
+    """Two trials side by side, tensor by tensor (the tensor-analysis notebook's good vs bad initialisation).
 
     A ``.gif`` filename gives the notebook's animation (both trials' histograms overlaid, one
     frame per step). Any other gives a PNG with, per tensor, the two distributions at the last

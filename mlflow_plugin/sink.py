@@ -32,6 +32,7 @@ from mlflow_plugin._sink_run import RunLifecycle
 from mlflow_plugin._sink_system_metrics import SinkSystemMetrics
 from mltrace.exceptions import MltraceValueError
 from mltrace.modes import ModeKeys
+from mltrace.writer.failure_log import FailureLog
 
 __all__ = ["CLAIM_DELAY", "MODE_STEP_METRIC", "OPTIONS", "MlflowSink", "NullSink", "create_sink"]
 
@@ -136,7 +137,7 @@ class MlflowSink(RunLifecycle, MetricBatching, DumpTags, SinkSystemMetrics, RunA
         self._closed = False
         # strict=True hooks get a failed batch as an exception: from the next log_scalar, or close.
         self._strict = bool(getattr(hook, "strict", False))
-        self._unraised = None
+        self._failures = FailureLog(logger, "training goes on", "failures")
         self._prepare_dump_tags()
         self._prepare_metrics()
         self._start_system_metrics(mlflow)
@@ -160,7 +161,7 @@ class MlflowSink(RunLifecycle, MetricBatching, DumpTags, SinkSystemMetrics, RunA
         self._log_artifacts()
         self._stop_system_metrics_quietly()
         self._end_run()
-        if self._unraised is not None and self._strict:
+        if self._strict:
             self._raise_failure()
 
     def __repr__(self) -> str:

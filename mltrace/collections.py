@@ -389,7 +389,7 @@ def manager_with_defaults(defaults: Mapping[str, str | Iterable[str]],
 
 class PendingCollections:
     """Collections configured through an adapter's module-level ``get_collection`` before any
-    hook exists (seed 000 does this); the next hook created takes them, and a fresh set from
+    hook exists (Tornasole's PyTorch README does this); the next hook created takes them, and a fresh set from
     ``factory`` takes their place.
 
     Args:

@@ -1,6 +1,6 @@
 """SaveConfig, SaveConfigMode and ReductionConfig: when to save, and what to save of a tensor.
 
-They stay mutable after construction (seed 004 disables a collection with
+They stay mutable after construction (smdebug's API reference disables a collection with
 ``hook.get_collection("metrics").save_config.end_step = 0``) and serialize to smdebug's JSON.
 """
 

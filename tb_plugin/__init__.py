@@ -1,1 +1,1 @@
-"""TensorBoard plugin for mltrace trials (the TensorBoard issue fills this package)."""
+"""TensorBoard plugin for mltrace trials: the "mltrace" tab (see tb_plugin/loader.py)."""

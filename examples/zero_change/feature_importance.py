@@ -7,7 +7,7 @@ configuration format)::
     mltrace run --config examples/zero_change/feature_importance.json \
         examples/zero_change/feature_importance.py
 
-then read the trial as the original does. tests/test_launch_examples.py checks that it leaves
+then read the trial as the original does. tests/launch/test_launch_examples.py checks that it leaves
 the trial the original leaves.
 """
 

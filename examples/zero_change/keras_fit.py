@@ -5,7 +5,7 @@ format): fit, evaluate and predict get the hook as a callback, as the original p
 
     mltrace run --config examples/zero_change/keras_fit.json examples/zero_change/keras_fit.py
 
-tests/test_launch_examples.py checks that it leaves the trial the original leaves.
+tests/launch/test_launch_examples.py checks that it leaves the trial the original leaves.
 """
 
 from __future__ import annotations

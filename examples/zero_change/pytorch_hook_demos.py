@@ -6,7 +6,7 @@ Run it under ``mltrace run`` with one of the JSON files beside it (each is one o
     mltrace run --config examples/zero_change/pytorch_saveall.json \
         examples/zero_change/pytorch_hook_demos.py --steps 5
 
-tests/test_launch_examples.py checks that it leaves the trial the original leaves: the same
+tests/launch/test_launch_examples.py checks that it leaves the trial the original leaves: the same
 tensor names, steps and values.
 """
 

@@ -8,7 +8,7 @@ other run an EVAL step (the original sets those modes by hand)::
 
     mltrace run --config examples/zero_change/session_hook.json examples/zero_change/session_hook.py
 
-tests/test_launch_examples.py checks that it leaves the trial the original leaves.
+tests/launch/test_launch_examples.py checks that it leaves the trial the original leaves.
 """
 
 from __future__ import annotations

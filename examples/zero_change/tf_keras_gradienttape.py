@@ -12,7 +12,7 @@ optimizer as ``hook.wrap_optimizer`` wraps it::
 
 The original's ``hook.record_tensor_value("accuracy", ...)`` saves a value only the script
 computes: no hook can find it, so this trial has everything the original's has but ``accuracy``.
-tests/test_launch_examples.py checks exactly that.
+tests/launch/test_launch_examples.py checks exactly that.
 """
 
 from __future__ import annotations

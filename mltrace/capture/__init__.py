@@ -10,6 +10,6 @@
 - ``nan_watch.NanWatch``: tensors held back until a NaN shows up in a watched one.
 - ``outputs.Outputs``: the trial writer, the TensorBoard export and the tracking sinks.
 - ``stop.StopSignal``: a rule's request to stop training.
-- ``quiet.quiet_lane``: a quiet step's boundary in one call (``Hook.take_quiet_step``).
+- ``quiet.QuietLane``: the part of ``Hook`` that takes a quiet step's boundary in one call (``Hook.take_quiet_step``).
 - ``errors.ErrorPolicy`` and ``errors.guarded``: an internal error disables the hook, never training.
 """

@@ -26,7 +26,7 @@ from mltrace.capture.options import HookOptions
 from mltrace.capture.out_dir import OutDirGuard, open_out_dir
 from mltrace.capture.outputs import Outputs
 from mltrace.capture.plan import SavePlan
-from mltrace.capture.quiet import quiet_lane
+from mltrace.capture.quiet import QuietLane
 from mltrace.capture.recording import Recording
 from mltrace.capture.recording_adapter import RecordingAdapter
 from mltrace.capture.stop import StopSignal
@@ -96,7 +96,7 @@ def hook_of_class(hook_class: type[_H], front: Callable[[Hook], Any], json_confi
         return None
 
 
-class Hook:
+class Hook(QuietLane):
     """Saves tensors of a training job in smdebug's format.
 
     Args:
@@ -137,7 +137,7 @@ class Hook:
         self.step_active = False  # the fast-path flag adapters test before doing any work
         self.recording_only: Recording | None = None  # the step is active only for it (adapters)
         self.step_written = False  # True once the current step's files are written (see end_step)
-        self.take_quiet_step = quiet_lane(self)  # a quiet step in one call (False: call begin_step)
+        self.take_quiet_step = self._quiet_lane()  # a quiet step in one call (False: call begin_step)
         self.worker, self.num_workers = paths.DEFAULT_WORKER_NAME, 1
         self.carried = CarriedValues()  # save_tensor values waiting for the next step
         self._closed = False

@@ -28,6 +28,7 @@ from mltrace.format import SCALAR_PREFIX
 from mltrace.reductions import reduction_tensor_name
 from mltrace.storage.base import Storage
 from mltrace.writer import TrialWriter
+from mltrace.writer.failure_log import FailureLog
 from mltrace.writer.tensorboard import TensorBoardWriter, clean_tag
 
 logger = logging.getLogger("mltrace.capture.hook")
@@ -62,7 +63,7 @@ class Outputs:
         self.sinks: list[Any] = []
         #: Scalars saved this step (name, value, wall time), written when the step ends.
         self.pending_scalars: list[tuple[str, np.ndarray, float | None]] = []
-        self._sink_errors: dict[int, int] = {}  # id(sink) -> errors so far (the first is logged)
+        self._sink_failures: dict[int, FailureLog] = {}  # id(sink) -> its failures (see log_to_sinks)
         #: Names written in the current step (a tensor is written once per step).
         self.written: set[str] = set()
         #: Reductions started this step (name, items, adapter's handle), written at its end.
@@ -299,20 +300,20 @@ class Outputs:
             except Exception as exc:
                 if self.strict:
                     raise
-                count = self._sink_errors[id(sink)] = self._sink_errors.get(id(sink), 0) + 1
-                if count == 1:
-                    logger.error("sink %r failed to log %r (the trial is still saved; further "
-                                 "errors of this sink are counted): %s: %s. Pass strict=True to "
-                                 "raise instead.", sink, name, type(exc).__name__, exc)
+                failures = self._sink_failures.get(id(sink))
+                if failures is None:
+                    failures = self._sink_failures[id(sink)] = FailureLog(
+                        logger, "the trial is still saved; pass strict=True to raise instead",
+                        "errors of this sink")
+                failures.record(f"sink {sink!r} failed to log {name!r}: {type(exc).__name__}: {exc}")
 
     def close_sinks(self) -> Exception | None:
         """Close every sink, each even if another fails; return the first error (logged)."""
         first: Exception | None = None
         for sink in self.sinks:
-            errors = self._sink_errors.get(id(sink), 0)
-            if errors > 1:
-                logger.error("sink %r failed %d times during the run (the first is logged above)",
-                             sink, errors)
+            failures = self._sink_failures.get(id(sink))
+            if failures is not None:
+                failures.summarize(f"sink {sink!r} failed {{count}} times during the run")
             try:
                 sink.close()
             except Exception as exc:

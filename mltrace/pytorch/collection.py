@@ -42,7 +42,7 @@ class Collection(_CoreCollection):
         return self._modules
 
 
-#: Collections made with smd.get_collection(...) before a hook exists (seed 000 does this) land
+#: Collections made with smd.get_collection(...) before a hook exists (Tornasole's PyTorch README does this) land
 #: here and are handed to the next hook created.
 pending = PendingCollections(lambda: manager_with_defaults(DEFAULT_COLLECTIONS, Collection))
 

@@ -121,7 +121,7 @@ def get_hook(json_config_path: str | None = None, create_if_not_exists: bool = F
 
 
 class TornasoleHook(Hook):
-    """Seed 000's Tornasole hook: saves weights, biases and gradients when no collection is named."""
+    """Tornasole's hook (its PyTorch README): saves weights, biases and gradients when no collection is named."""
 
     _default_include = TORNASOLE_INCLUDE_COLLECTIONS
 

@@ -6,7 +6,7 @@
   (``hook.wrap_tape``); gradients come from ``optimizer.apply`` (``hook.wrap_optimizer``).
 * ``SessionHook``: a ``tf.compat.v1.train.SessionRunHook`` for graph-mode training.
   ``EstimatorHook`` is its smdebug alias (tf.estimator is gone from TensorFlow 2.21).
-* ``TornasoleHook``: seed 000's TensorFlow hook (a SessionHook saving weights, biases, gradients).
+* ``TornasoleHook``: Tornasole's TensorFlow hook (a SessionHook saving weights, biases, gradients).
 
 Example:
     >>> import mltrace.tensorflow as smd

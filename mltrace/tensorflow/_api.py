@@ -123,7 +123,7 @@ class TFHookAPI:
         self.core.save_tensor(tensor_name, tensor_value, collections_to_write)
 
     def record_tensor_value(self, tensor_name: str, tensor_value: Any) -> None:
-        """Save a metric computed by the user (seed 003) as ``<tensor_name>`` in ``metrics``."""
+        """Save a metric computed by the user (smdebug's README) as ``<tensor_name>`` in ``metrics``."""
         self.adapter.record_tensor_value(tensor_name, tensor_value)
 
     def dump_flight_recorder(self, reason: str = "asked by hand") -> None:

@@ -202,7 +202,7 @@ class TFAdapter(RecorderFastPath, TapeCapture, VariableCapture):
 
     @guarded(user_facing=True)
     def record_tensor_value(self, tensor_name: str, tensor_value: Any) -> None:
-        """Save a metric computed by the user (seed 003) as ``<tensor_name>`` in ``metrics``."""
+        """Save a metric computed by the user (smdebug's README) as ``<tensor_name>`` in ``metrics``."""
         if not isinstance(tensor_name, str) or not tensor_name:
             raise MltraceTypeError(
                 f"record_tensor_value: tensor_name must be a non-empty string, got {tensor_name!r}"
@@ -217,7 +217,7 @@ class TFAdapter(RecorderFastPath, TapeCapture, VariableCapture):
 
 # -- module-level helpers shared by the front doors ---------------------------------------------
 # Collections made with get_collection(...) before a hook exists land here and are handed to the
-# next hook created (seed 000 configures them that way).
+# next hook created (Tornasole's PyTorch README configures them that way).
 _pending = PendingCollections(collection_manager)
 
 

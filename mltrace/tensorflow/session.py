@@ -233,7 +233,7 @@ EstimatorHook = SessionHook  # smdebug's name; tf.estimator itself is gone from 
 
 
 class TornasoleHook(SessionHook):
-    """Tornasole's TensorFlow hook (seed 000) was a SessionRunHook: this is SessionHook saving
+    """Tornasole's TensorFlow hook was a SessionRunHook: this is SessionHook saving
     weights, biases and gradients when no collection is named."""
 
     _default_include = tuple(TORNASOLE_INCLUDE_COLLECTIONS)

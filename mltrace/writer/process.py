@@ -1,11 +1,11 @@
 """A child process that writes a local trial's files, so that training never shares the
 interpreter's lock with the writing.
 
-The trial writer used to hand each step's files to a thread of the training process. Every
-syscall of that thread (a step's events and index files take about ten: folders, opens, writes,
+Why a process and not a thread of the training process: every
+syscall of such a thread (a step's events and index files take about ten: folders, opens, writes,
 renames) lets go of the interpreter's lock, which the thread then has to win back from the
-training thread; on the benchmark MLP saving every step, that cost training about 0.4 ms a step,
-twice the syscalls' own time. Here the training thread hands a step over with one ``writev`` into
+training thread; on the benchmark MLP saving every step, a thread costs training about 0.4 ms
+a step, twice the syscalls' own time. Here the training thread hands a step over with one ``writev`` into
 a pipe, and a process of its own (mltrace/writer/child.py, standard library only) writes the
 files, in order, each atomically. Failures come back over a second pipe and are recorded in the
 trial writer's failure log by a thread that sleeps in ``select`` otherwise.

@@ -16,7 +16,7 @@ when a step ends), every ``SUBMIT_EVERY`` summaries, and at a flush. A small bat
 at most ``INLINE_VALUES`` values in all) is binned and encoded right there, on the training
 thread: that costs less than waking a thread that then takes the interpreter's lock from the
 training thread again and again (measured on the 2-core bench machine: a step of 8 small
-histograms added about 1.7 ms this way against 1.5 ms inline; bench/README.md). A larger batch
+histograms added about 1.7 ms this way against 1.5 ms inline). A larger batch
 goes to one background thread, which bins and encodes it. That thread also does every disk
 write, flushed every ``flush_secs`` and at close. The queue of batches is bounded, so a training
 loop that outruns the disk waits instead of losing summaries. Either way a mode's records keep
@@ -253,7 +253,7 @@ class TensorBoardWriter:
             self._queue.put(_STOP, 0)
             self._thread.join()
         self._thread = None
-        self.failures.summarize(f"TensorBoard writes to {self.location} failed")
+        self.failures.summarize(f"{{count}} TensorBoard writes to {self.location} failed")
 
     # -- background thread ----------------------------------------------------------------------
     def _run(self) -> None:

@@ -479,7 +479,7 @@ class TrialWriter:
                 "%d files of %s could not be uploaded before close (the store did not answer for "
                 "%.0f s). They are safe in %s; upload them later with: mltrace upload-spill %s",
                 self.spill.pending, self.storage.uri, self.close_timeout, self.spill.path, self.spill.path)
-        self.failures.summarize(f"files of {self.storage.uri} could not be written")
+        self.failures.summarize(f"{{count}} files of {self.storage.uri} could not be written")
 
 
 def _record_failure(failures: FailureLog, location: str, exc: BaseException) -> None:

@@ -8,9 +8,9 @@ It writes ``DIR/run/`` with ``mltrace.xgboost.Hook`` (a small seeded regression,
 rounds saved every 2nd round, every XGBoost collection, hyperparameters with a string and a list,
 a scalar saved after training) and ``DIR/expected.json``: what each saved step must hold, taken
 from the values seen in the training process by an independent recorder
-(tests/xgboost_training.py, XGBoost's public API), plus the steps, workers and the tensor
+(tests/support/xgboost_training.py, XGBoost's public API), plus the steps, workers and the tensor
 names of each collection. DIR defaults to ``tests/golden/mltrace_xgboost`` beside this file.
-tests/test_xgboost_hook.py checks that the committed files still match what the hook writes;
+tests/xgboost/test_xgboost_hook.py checks that the committed files still match what the hook writes;
 tests/legacy/test_smdebug_reads_mltrace_xgboost.py reads them with smdebug 1.0.34.
 """
 
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import mltrace.xgboost as smd  # noqa: E402
-from tests.xgboost_training import Capture, make_data  # noqa: E402
+from tests.support.xgboost_training import Capture, make_data  # noqa: E402
 
 ROUNDS = 4
 INTERVAL = 2

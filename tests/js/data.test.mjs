@@ -1,5 +1,5 @@
 // Unit tests of the mltrace tab's data logic (tb_plugin/static/data.js) with node's own runner.
-// Run by tests/test_tb_frontend.py (so the pytest suite runs them) or: node --test tests/js/
+// Run by tests/tb_plugin/test_tb_frontend.py (so the pytest suite runs them) or: node --test tests/js/
 import test from "node:test";
 import assert from "node:assert/strict";
 import * as d from "../../tb_plugin/static/data.js";

@@ -18,14 +18,14 @@ from smdebug.trials import create_trial as smd_create_trial
 
 from mltrace.modes import ModeKeys
 from mltrace.trials import LocalTrial, create_trial
-from tests.porting_trials import SCENARIOS, write_scenario
+from tests.support.porting_trials import SCENARIOS, write_scenario
 
 MODES = ("GLOBAL", "TRAIN", "EVAL")
 
 
 def write_scenario_with_smdebug(path: Path, workers: dict[str, list[int]], ended: bool,
                                 modes: dict[int, tuple[str, int]] | None = None) -> str:
-    """The same trial as tests.porting_trials.write_scenario, written by smdebug's FileWriter."""
+    """The same trial as tests.support.porting_trials.write_scenario, written by smdebug's FileWriter."""
     manager = SmdCollectionManager()
     manager.add("default")
     manager.set_num_workers(len(workers))

@@ -20,7 +20,7 @@ import mltrace.pytorch as ml_torch
 from mltrace.collections import Collection
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
 from mltrace.modes import ModeKeys
-from tests.smdebug_era_configs import SMDEBUG_ERA_CONFIGS, write_config
+from tests.support.smdebug_era_configs import SMDEBUG_ERA_CONFIGS, write_config
 
 SAVE = dict(save_interval=3, start_step=2, end_step=40, save_steps=[1, 7])
 REDUCTION = dict(reductions=["min", "std"], abs_reductions=["max"], norms=["l2"],

@@ -1,4 +1,4 @@
-"""Issue 18, hooks, against real smdebug 1.0.34 (tests/test_porting_hooks.py has the main suite's
+"""Issue 18, hooks, against real smdebug 1.0.34 (tests/porting/test_porting_hooks.py has the main suite's
 side): the same scripts run with ``smdebug.<framework>`` and with ``mltrace.<framework>``.
 
 1. ``save_tensor`` before the first step (PyTorch, MXNet): smdebug writes those values with the
@@ -37,7 +37,7 @@ import mltrace.mxnet
 import mltrace.pytorch
 from mltrace.trials import create_trial
 
-TESTS = Path(__file__).resolve().parents[1]
+SUPPORT = Path(__file__).resolve().parents[1] / "support"
 PRE_LOOP = {"before_forward": 1.0, "before_set_mode": 2.0, "after_set_mode": 3.0, "after_train": 4.0}
 
 
@@ -165,7 +165,7 @@ def test_framework_modules_have_every_public_name_smdebugs_have(framework):
 
 # -- 4. checkpoint state across smdebug and mltrace ---------------------------------------------
 def _run_job(lib: str, out_dir: Path, ckpt_dir: Path, config: Path, die_at: int | None = None) -> None:
-    args = [sys.executable, str(TESTS / "resume_training.py"), str(out_dir), str(ckpt_dir), lib, "12"]
+    args = [sys.executable, str(SUPPORT / "resume_training.py"), str(out_dir), str(ckpt_dir), lib, "12"]
     env = {**os.environ, "CHECKPOINT_CONFIG_FILE_PATH": str(config), "SMDEBUG_LOG_LEVEL": "error",
            "MLTRACE_LOG_LEVEL": "error"}
     subprocess.run(args + ([str(die_at)] if die_at is not None else []), env=env, check=True,

@@ -1,6 +1,6 @@
 """Real smdebug 1.0.34 reads the steps a flight recorder dumped (issue "catch the moment").
 
-A run saving every 500 steps turns NaN at step 47 (tests/flight_training.py); its recorder keeps
+A run saving every 500 steps turns NaN at step 47 (tests/support/flight_training.py); its recorder keeps
 20 steps before and 5 after, with raw copies of the activations. smdebug's reader must see those
 steps as ordinary steps, with the same reductions and raw values as mltrace's reader, and must
 not trip over the record file beside them (``mltrace_flight_recorder/``).
@@ -14,7 +14,7 @@ from smdebug.trials import create_trial as smd_create_trial
 
 import mltrace.pytorch as smd
 from mltrace.trials import create_trial as ml_create_trial
-from tests.flight_training import POISONED, train
+from tests.support.flight_training import POISONED, train
 
 POISON, N, K = 47, 20, 5
 REDUCTIONS = ("min", "max", "mean", "std", "l2")

@@ -1,6 +1,6 @@
 """Real smdebug 1.0.34's reader reads a multi-worker trial that mltrace's PyTorch hook wrote.
 
-A 2-process torch.distributed job (gloo, DistributedDataParallel; tests/ddp_training.py, run
+A 2-process torch.distributed job (gloo, DistributedDataParallel; tests/support/ddp_training.py, run
 with this venv's Python) saves with ``include_workers="all"`` to a local directory, each rank
 training on data of its own and recording what it computed. smdebug's ``create_trial`` must see
 both workers, ``num_workers`` 2, every step complete, and per worker the values that worker saw,
@@ -17,7 +17,7 @@ from smdebug.trials import create_trial as smd_create_trial
 
 from mltrace.trials import StepState
 from mltrace.trials import create_trial as ml_create_trial
-from tests.ddp_training import run_job
+from tests.support.ddp_training import run_job
 
 STEPS = 3
 WORKERS = ["worker_0", "worker_1"]

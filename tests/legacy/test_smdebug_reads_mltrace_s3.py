@@ -1,13 +1,13 @@
 """Real smdebug 1.0.34's S3Trial reads what mltrace's PyTorch hook wrote to S3.
 
-The S3 server is SeaweedFS on 127.0.0.1 (this venv's ``weed``, started by tests.servers'
-fixture; it checks credentials). mltrace's hook writes a short run (TRAIN then EVAL) to
+The S3 server is SeaweedFS on 127.0.0.1 (this venv's ``weed``, started by the ``s3_server`` fixture
+of tests/conftest.py; it checks credentials). mltrace's hook writes a short run (TRAIN then EVAL) to
 ``s3://<bucket>/jobs/run``; smdebug's ``create_trial("s3://...")`` (boto3 with AWS_REGION,
 AWS_ENDPOINT_URL honoured by boto3) must see the same tensor names, steps per mode, workers and
 values as the process captured and as mltrace's own reader on the same prefix.
 
 SeaweedFS 4.48 answers one listing smdebug sends (StartAfter equal to the prefix) with nothing;
-tests/s3_compat.py rewrites that request to its S3 equivalent, and a test here checks that the
+tests/support/s3_compat.py rewrites that request to its S3 equivalent, and a test here checks that the
 server still needs it.
 """
 
@@ -23,14 +23,13 @@ from smdebug.trials import create_trial as smd_create_trial
 
 import mltrace.pytorch as mlsmd
 from mltrace.trials import create_trial as ml_create_trial
-from tests import s3_compat
-from tests.servers import s3_server  # noqa: F401 - fixture
+from tests.support import s3_compat
 
 SCHEDULE = [("TRAIN", 3), ("EVAL", 2)]
 
 
 @pytest.fixture(scope="module")
-def aws_env(s3_server, tmp_path_factory):  # noqa: F811
+def aws_env(s3_server, tmp_path_factory):
     """The standard AWS variables for both readers and the hook (module-wide, then restored)."""
     mp = pytest.MonkeyPatch()
     for key, value in (("AWS_ENDPOINT_URL", s3_server.endpoint),
@@ -128,7 +127,7 @@ def test_same_values(run, trials):
 
 def test_the_seaweedfs_listing_shim_is_still_needed(run, aws_env):
     """smdebug's first index listing, sent without the shim: SeaweedFS 4.48 lists nothing. When
-    this fails, the server was fixed: delete tests/s3_compat.py and its use here."""
+    this fails, the server was fixed: delete tests/support/s3_compat.py and its use here."""
     import boto3
 
     bucket, prefix = run[0][5:].split("/", 1)

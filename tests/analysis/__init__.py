@@ -1,0 +1,1 @@
+"""mltrace.analysis: the analysis layer under the plugins and its cache."""

@@ -1,0 +1,1 @@
+"""mltrace.cli: the ``mltrace`` command as a shell user meets it."""

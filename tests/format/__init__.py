@@ -1,0 +1,1 @@
+"""mltrace.format: framing, CRCs, tensors, index JSON and paths, in isolation."""

@@ -1,0 +1,1 @@
+"""mltrace.launch: ``mltrace run`` on unmodified scripts."""

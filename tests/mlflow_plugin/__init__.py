@@ -1,0 +1,1 @@
+"""mlflow_plugin: the MLflow sink, rule runs, pages, plots and servers."""

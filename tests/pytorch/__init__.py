@@ -1,0 +1,1 @@
+"""mltrace.pytorch: the PyTorch hook, single process and distributed, and its examples."""

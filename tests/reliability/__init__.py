@@ -1,0 +1,1 @@
+"""Reliability: crashes, faults, damaged files, fuzzed readers, long runs and misuse."""

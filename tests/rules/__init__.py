@@ -1,0 +1,1 @@
+"""mltrace.rules: the engine, the built-in rules and the rule CLI."""

@@ -1,0 +1,1 @@
+"""Helpers of the tests: training jobs and scripts, trial writers, servers, browsers."""

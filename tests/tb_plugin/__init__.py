@@ -1,0 +1,1 @@
+"""tb_plugin: the mltrace tab of TensorBoard, its routes, frontend and browser tests."""

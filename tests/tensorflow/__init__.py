@@ -1,0 +1,1 @@
+"""mltrace.tensorflow: KerasHook, SessionHook, gradient tapes, MirroredStrategy, examples."""

@@ -1,0 +1,1 @@
+"""mltrace.trainers: the Transformers and Lightning callbacks."""

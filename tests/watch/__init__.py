@@ -1,0 +1,1 @@
+"""mltrace.watch: ``mltrace watch`` and the team set-up it runs in."""

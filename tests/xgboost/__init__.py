@@ -1,0 +1,1 @@
+"""mltrace.xgboost: the XGBoost hook and its flight recorder."""
