@@ -1,13 +1,17 @@
-"""The settings of a hook, in one validated object.
+"""The settings of a hook, in one validated object: the one definition of smdebug's hook
+arguments that the four front doors share.
 
-Framework modules keep smdebug's constructor signatures as their public front doors and pass
-what they are given here, so every hook validates and documents its settings in one place.
+The front doors (``mltrace.pytorch.Hook``, the TensorFlow hooks, ``mltrace.mxnet.Hook``,
+``mltrace.xgboost.Hook``) spell smdebug's constructor signatures out, so that ``help()`` and IDEs
+show them, and hand what they were called with to :meth:`HookOptions.from_front_door` by name.
+tests/shape/test_front_doors.py holds each signature to the fields here: the same names, in the
+same order, with the same defaults and types.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from mltrace.capture.recorder_config import FlightRecorderConfig
@@ -61,6 +65,18 @@ class HookOptions:
     stop_check_interval: float | None = None
     sinks: dict[str, Any] = field(default_factory=dict)
     flight_recorder: FlightRecorderConfig | dict[str, Any] | bool | None = None
+
+    @classmethod
+    def from_front_door(cls, arguments: Mapping[str, Any]) -> HookOptions:
+        """The options of a front door's call, from its arguments by name (its ``locals()``):
+        every argument that is a field here; ``saveall`` (Tornasole's spelling) turns
+        ``save_all`` on; a missing ``out_dir`` is refused as for any hook. A front door's own
+        arguments (PyTorch's ``step_boundary``, XGBoost's data) are left to it."""
+        given = {f.name: arguments[f.name] for f in fields(cls) if f.name in arguments}
+        given["out_dir"] = given.get("out_dir") or ""
+        if arguments.get("saveall"):
+            given["save_all"] = True
+        return cls(**given)
 
     def __post_init__(self) -> None:
         if not self.out_dir:

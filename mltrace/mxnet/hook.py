@@ -97,10 +97,7 @@ class Hook(CoreHook):
         stop_check_interval: float | None = None,
         flight_recorder: FlightRecorderConfig | dict[str, Any] | bool | None = None,
     ) -> None:
-        options = HookOptions(
-            out_dir or "", export_tensorboard, tensorboard_dir, dry_run, reduction_config,
-            save_config, include_regex, include_collections, bool(save_all or saveall),
-            include_workers, strict, mlflow, stop_check_interval, flight_recorder=flight_recorder)
+        options = HookOptions.from_front_door(locals())  # smdebug's arguments, by name
         self.gluon = GluonAdapter()
         super().__init__(options, self.gluon, collection_manager=pending.take(),
                          default_include_collections=self._default_include,

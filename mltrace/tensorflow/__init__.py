@@ -20,8 +20,9 @@ from mltrace.capture.hook import del_hook, set_hook
 from mltrace.capture.recorder_config import FlightRecorderConfig
 from mltrace.collections import CollectionKeys
 from mltrace.config import ReductionConfig, SaveConfig, SaveConfigMode
-from mltrace.tensorflow._core import add_to_collection, get_collection, get_hook
+from mltrace.tensorflow._core import add_to_collection, get_collection
 from mltrace.tensorflow.collection import Collection
+from mltrace.tensorflow.current import get_hook
 from mltrace.tensorflow.keras import KerasHook
 from mltrace.tensorflow.session import EstimatorHook, SessionHook, TornasoleHook
 from mltrace.trials import create_trial

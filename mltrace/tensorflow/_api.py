@@ -68,10 +68,7 @@ class TFHookAPI:
         flight_recorder: FlightRecorderConfig | dict[str, Any] | bool | None = None,
     ) -> None:
         super().__init__()  # the framework's base class (Keras Callback, SessionRunHook)
-        options = HookOptions(
-            out_dir or "", export_tensorboard, tensorboard_dir, dry_run, reduction_config,
-            save_config, include_regex, include_collections, bool(save_all or saveall),
-            include_workers, strict, mlflow, stop_check_interval, flight_recorder=flight_recorder)
+        options = HookOptions.from_front_door(locals())  # smdebug's arguments, by name
         self.adapter = self._adapter_class(self)
         self.core = Hook(options, self.adapter, collection_manager=take_pending(),
                          default_include_collections=self._default_include,

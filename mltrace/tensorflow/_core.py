@@ -45,7 +45,8 @@ kept in the adapter, never written onto the user's objects.
 * mltrace.tensorflow._distribution: Horovod and TF_CONFIG workers, MirroredStrategy replicas.
 
 This module holds the adapter's protocol events and identity, and the module-level functions
-the front doors share (``get_hook``, ``get_collection``).
+the front doors share (``get_collection``, ``add_to_collection``); ``get_hook``, which returns the
+front doors, is in mltrace.tensorflow.current, above them.
 """
 
 from __future__ import annotations
@@ -59,11 +60,11 @@ import tensorflow as tf
 
 from mltrace.capture.adapter import ReductionItems
 from mltrace.capture.errors import guarded
-from mltrace.capture.hook import Hook, hook_of_class
+from mltrace.capture.hook import Hook
 from mltrace.capture.hook import get_hook as _core_get_hook
 from mltrace.collections import Collection as _CoreCollection
 from mltrace.collections import CollectionKeys, CollectionManager, PendingCollections
-from mltrace.exceptions import MltraceTypeError, MltraceValueError
+from mltrace.exceptions import MltraceTypeError
 from mltrace.tensorflow import _tensors
 from mltrace.tensorflow._capture import is_symbolic as is_symbolic  # _api imports it from here
 from mltrace.tensorflow._distribution import has_chief, horovod, tf_config
@@ -230,36 +231,6 @@ def _tf_core_hook() -> Hook | None:
     """The core hook created last, if a TensorFlow hook holds it."""
     hook = _core_get_hook()
     return hook if hook is not None and isinstance(hook.adapter, TFAdapter) else None
-
-
-def get_hook(hook_type: str | None = None, json_config_path: str | None = None,
-             create_if_not_exists: bool = False) -> TFHookAPI | None:
-    """The current TensorFlow hook (smdebug's ``get_hook``): the KerasHook or SessionHook
-    created last or given to ``set_hook``, if it is of ``hook_type`` ("keras", "session",
-    "estimator"; None: any). Else, with ``create_if_not_exists``, a ``hook_type`` hook built from
-    the JSON configuration (``json_config_path``, else ``MLTRACE_CONFIG_FILE_PATH`` /
-    ``SMDEBUG_CONFIG_FILE_PATH``), or None if there is none.
-
-    Raises:
-        MltraceValueError: an unknown ``hook_type``, or ``create_if_not_exists`` without one.
-    """
-    from mltrace.tensorflow._api import TFHookAPI  # the front doors import this module
-    from mltrace.tensorflow.keras import KerasHook
-    from mltrace.tensorflow.session import SessionHook
-
-    hook_types: dict[str, type[TFHookAPI]] = {"keras": KerasHook, "session": SessionHook,
-                                              "estimator": SessionHook}
-    if hook_type is not None and hook_type not in hook_types:
-        raise MltraceValueError(f"get_hook(hook_type={hook_type!r}): use one of {sorted(hook_types)} or None")
-    if hook_type is None and create_if_not_exists:
-        raise MltraceValueError("get_hook(create_if_not_exists=True) needs the hook_type to create: "
-                                "'keras', 'session' or 'estimator'")
-    hook_class = hook_types[hook_type] if hook_type is not None else TFHookAPI
-
-    def front(core: Hook) -> Any:
-        return core.adapter.owner if isinstance(core.adapter, TFAdapter) else None
-
-    return cast("TFHookAPI | None", hook_of_class(hook_class, front, json_config_path, create_if_not_exists))
 
 
 def get_collection(name: str, create: bool = True) -> Collection:

@@ -135,10 +135,7 @@ class Hook(CoreHook):
         stop_check_interval: float | None = None,
         flight_recorder: FlightRecorderConfig | dict[str, Any] | bool | None = None,
     ) -> None:
-        options = HookOptions(
-            out_dir or "", export_tensorboard, tensorboard_dir, dry_run, reduction_config,
-            save_config, include_regex, include_collections, save_all, include_workers, strict,
-            mlflow, stop_check_interval, flight_recorder=flight_recorder)
+        options = HookOptions.from_front_door(locals())  # smdebug's arguments, by name
         self.xgboost = XGBoostAdapter(hyperparameters, train_data, validation_data)
         super().__init__(options, self.xgboost, collection_manager=pending.take(),
                          default_include_collections=DEFAULT_INCLUDE_COLLECTIONS,
