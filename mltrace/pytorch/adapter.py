@@ -121,6 +121,10 @@ class TorchAdapter(StepBoundary, ModuleIO, Gradients, ShardedSaves):
         """Reset the step's module-call counts and tell the callbacks whether the step saves."""
         assert self.hook is not None
         self.stepped = True
+        counts = self._io_counts  # the last step's module-call counts, kept at their most
+        for prefix, count in self._io_index.items():
+            if count > counts.get(prefix, 0):
+                counts[prefix] = count
         self._io_index.clear()
         self.traced.buffer.clear()
         self.traced.active = self.hook.step_active

@@ -56,8 +56,9 @@ class TorchAdapterState(TorchValues):
         self._gradients: list[tuple[str, torch.nn.Parameter]] = []
         self._gradient_handles: list[Any] = []
         self._io_index: dict[str, int] = {}
-        #: ``<module>_input_`` / ``_output_`` -> the most tensors seen on that side in one step:
-        #: which indices a module's callback must look at (see _may_save_side)
+        #: ``<module>_input_`` / ``_output_`` -> the most tensors seen on that side in one step
+        #: (``_io_index`` taken in at each step's beginning): which indices a module's callback
+        #: must look at (see _may_save_side)
         self._io_counts: dict[str, int] = {}
         #: numbers written in the saved collections' regexes and names (see _may_save_side)
         self._named_indices: frozenset[int] = frozenset()

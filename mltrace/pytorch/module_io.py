@@ -143,14 +143,12 @@ class ModuleIO(TorchAdapterState):
         index = self._io_index.get(prefix, 0)
         if type(value) is torch.Tensor:  # most modules return one tensor
             take(prefix + str(index), value)
+            self._io_index[prefix] = index + 1
+            return
+        for tensor in tensors_in(value):
+            take(prefix + str(index), tensor)
             index += 1
-        else:
-            for tensor in tensors_in(value):
-                take(prefix + str(index), tensor)
-                index += 1
         self._io_index[prefix] = index
-        if index > self._io_counts.get(prefix, 0):
-            self._io_counts[prefix] = index
 
     def save_io(self, module_name: str, suffix: str, value: Any) -> None:
         """Save the tensors in ``value`` as ``<module_name><suffix><i>``, counting on from the

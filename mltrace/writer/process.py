@@ -195,10 +195,6 @@ class _Channel:
             if self.groups and not self.pushing and not self.send(block=False):
                 self.push_later()
 
-    def waiting(self) -> int:
-        """Groups (steps) in the batch, not yet in the pipe."""
-        return len(self.groups)
-
     def take_unsent(self) -> list[Files]:
         """Once the child is gone: the groups it never got."""
         with self.sending:
@@ -373,7 +369,7 @@ class WriterProcess:
     @property
     def waiting(self) -> int:
         """Groups of files (steps) waiting in a batch, not yet handed to the child."""
-        return self._channel.waiting()
+        return len(self._channel.groups)
 
     def take_unsent(self) -> list[Files]:
         """Once the child is gone: the groups it never got, to be written another way."""
