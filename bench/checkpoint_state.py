@@ -1,4 +1,4 @@
-"""What smdebug's checkpoint support costs per step (issue 18): a PyTorch loop with no hook, with the
+"""What smdebug's checkpoint support costs per step: a PyTorch loop with no hook, with the
 hook, and with the hook while a checkpoint configuration is set (the hook then looks at the
 checkpoint folder at every step boundary, as smdebug's StateStore did), side by side in one process.
 
@@ -8,21 +8,24 @@ The job saves a checkpoint every ``--ckpt-every`` steps into a folder that alrea
     .venv/bin/python bench/checkpoint_state.py --steps 300 --runs 5
     .venv-legacy/bin/python bench/checkpoint_state.py --lib smdebug      # smdebug's own, same loop
 
-Protocol as bench/README.md: one thread, a warm-up run, five measured runs interleaved, the median.
+Protocol (bench/protocol.py): one thread, a warm-up run, ``--runs`` measured runs interleaved, the
+median.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import os
 import shutil
-import statistics
 import tempfile
 import time
 
 import torch
+
+import protocol
 
 
 def one_run(lib: str | None, checkpointing: bool, steps: int, ckpt_every: int, files: int,
@@ -70,20 +73,19 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=10, help="older checkpoints in the folder")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    protocol.warn_if_busy()
     variants = {"no hook": (None, False), f"{args.lib} hook": (args.lib, False),
                 f"{args.lib} hook + checkpoint config": (args.lib, True)}
-    times: dict[str, list[float]] = {name: [] for name in variants}
     with tempfile.TemporaryDirectory() as workdir:
-        for run in range(args.runs + 1):  # run 0 is the warm-up
-            for name, (lib, checkpointing) in variants.items():
-                ms = one_run(lib, checkpointing, args.steps, args.ckpt_every, args.files, workdir)
-                if run:
-                    times[name].append(ms)
-    base = statistics.median(times["no hook"])
-    print(f"load average {os.getloadavg()[0]:.2f}; {args.steps} steps, checkpoint every "
+        times = protocol.interleaved(
+            {name: functools.partial(one_run, lib, checkpointing, args.steps, args.ckpt_every,
+                                     args.files, workdir)
+             for name, (lib, checkpointing) in variants.items()}, args.runs)
+    base = times["no hook"].median
+    print(f"load average {protocol.load_average():.2f}; {args.steps} steps, checkpoint every "
           f"{args.ckpt_every}, {args.files} older checkpoints in the folder")
-    for name, values in times.items():
-        med = statistics.median(values)
+    for name, m in times.items():
+        med = m.median
         print(f"{name:<40} {med:8.3f} ms/step  x{med / base:5.2f}  (+{med - base:.3f} ms)")
 
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import protocol
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -59,7 +60,7 @@ def compare(python: str, ref: str, intervals: tuple[int, ...], steps: int, runs:
                           file=sys.stderr, flush=True)
                     ms = _overhead(python, path, interval, steps, runs)
                     added[side].append(ms["mltrace"] - ms["none"])
-            before, now = statistics.median(added["before"]), statistics.median(added["now"])
+            before, now = protocol.median(added["before"]), protocol.median(added["now"])
             rows.append({"interval": interval, "ref": ref, "added_ms_before": before,
                          "added_ms_now": now, "ratio_now_over_before": now / before if before > 0 else None,
                          "rounds_before": added["before"], "rounds_now": added["now"]})
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--intervals", default="1,100")
     args = parser.parse_args(argv)
     intervals = tuple(int(i) for i in args.intervals.split(","))
+    protocol.warn_if_busy()
     rows = compare(args.python, args.baseline, intervals, args.steps, args.runs, args.rounds)
     print(json.dumps(rows))
     print(render(rows))

@@ -1,9 +1,9 @@
-"""Cost of the flight recorder on the benchmark MLP (issue "catch the moment").
+"""Cost of the flight recorder on the benchmark MLP.
 
 Two protocols, one process, one thread:
 
-* ``--protocol runs`` (bench/README.md's protocol): the variants' runs interleaved, one warm-up
-  run and ``--runs`` measured runs each, the median reported; a run is a fresh model, hook and
+* ``--protocol runs`` (bench/protocol.py's ``interleaved``): the variants' runs interleaved, one
+  warm-up run and ``--runs`` measured runs each, the median reported; a run is a fresh model, hook and
   out_dir, ``--steps`` steps plus ``hook.close()``.
 * ``--protocol blocks`` (the default): every variant made once and kept alive, one untimed
   block of ``--block`` steps each, then ``--blocks`` rounds each timing one block of every
@@ -69,12 +69,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import gc
 import json
 import math
 import os
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -89,6 +89,8 @@ from torch import nn  # noqa: E402
 
 import mltrace.pytorch as smd  # noqa: E402
 from mltrace.capture.recorder_config import DEFAULT_REDUCTIONS  # noqa: E402
+
+import protocol  # noqa: E402
 
 VARIANTS = ("none", "hook", "recorder", "recorder_nocheck", "recorder_nocheck_one_op", "recorder_minmax",
             "recorder_minmax_nocheck", "saving", "noop_hooks", "lean", "lean_minmax")
@@ -210,13 +212,12 @@ def one_run(variant: str, out_dir: str, data: list[tuple[torch.Tensor, torch.Ten
 def measure_runs(args: argparse.Namespace, workdir: str) -> dict[str, list[dict[str, float]]]:
     """The ``runs`` protocol (see the module docstring): per variant, its measured runs."""
     data = make_data(args.steps)
-    runs: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
-    for k in range(args.runs + 1):  # the first round warms up
-        for variant in VARIANTS:
-            result = one_run(variant, os.path.join(workdir, f"{variant}_{k}"), data)
-            if k:
-                runs[variant].append(result)
-    return runs
+
+    def run(variant: str) -> dict[str, float]:  # a fresh out_dir each run
+        return one_run(variant, tempfile.mkdtemp(prefix=f"{variant}_", dir=workdir), data)
+
+    measured = protocol.interleaved({v: functools.partial(run, v) for v in VARIANTS}, args.runs)
+    return {v: m.runs for v, m in measured.items()}
 
 
 def measure_blocks(args: argparse.Namespace, workdir: str) -> dict[str, list[dict[str, float]]]:
@@ -276,31 +277,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    load_start = os.getloadavg()[0]
+    protocol.warn_if_busy()
+    load_start, machine = protocol.load_average(), protocol.machine()
     with tempfile.TemporaryDirectory() as workdir:
         runs = (measure_blocks if args.protocol == "blocks" else measure_runs)(args, workdir)
     variants = list(runs)
-    ms = {v: statistics.median(r["ms_per_step"] for r in runs[v]) for v in variants}
-    paired = {v: [r["ms_per_step"] / h["ms_per_step"] for r, h in zip(runs[v], runs["hook"])]
-              for v in variants}
+    measured = protocol.pick({v: protocol.Measured(runs[v]) for v in variants}, "ms_per_step")
+    ms = {v: m.median for v, m in measured.items()}
+    paired = {v: protocol.paired(measured, "hook", v) for v in variants}
     out = {
         "ms_per_step": ms,
-        "runs_ms_per_step": {v: [r["ms_per_step"] for r in runs[v]] for v in variants},
+        "runs_ms_per_step": {v: m.runs for v, m in measured.items()},
         "recorder_over_hook": ms["recorder"] / ms["hook"],
-        "paired_over_hook": {v: {"median": statistics.median(paired[v]), "min": min(paired[v]),
+        "paired_over_hook": {v: {"median": protocol.median(paired[v]), "min": min(paired[v]),
                                  "max": max(paired[v])} for v in variants},
         "recorder_added_over_hook_added": (ms["recorder"] - ms["none"]) / max(ms["hook"] - ms["none"], 1e-9),
         "check_share_of_step": {v: (ms[v] - ms[f"{v}_nocheck"]) / ms[f"{v}_nocheck"] for v in CHECKED},
-        "check_share_paired": {v: statistics.median(r["ms_per_step"] / n["ms_per_step"] - 1.0
-                                                    for r, n in zip(runs[v], runs[f"{v}_nocheck"]))
-                               for v in CHECKED},
+        "check_share_paired": {v: protocol.median(r - 1.0 for r in protocol.paired(
+            measured, f"{v}_nocheck", v)) for v in CHECKED},
         "one_op_share_of_step": (ms[ONE_OP] - ms["recorder_nocheck"]) / ms["recorder_nocheck"],
-        "one_op_share_paired": statistics.median(r["ms_per_step"] / n["ms_per_step"] - 1.0
-                                                 for r, n in zip(runs[ONE_OP], runs["recorder_nocheck"])),
+        "one_op_share_paired": protocol.median(r - 1.0 for r in protocol.paired(
+            measured, "recorder_nocheck", ONE_OP)),
         "ring_bytes": max(r["ring_bytes"] for r in runs["recorder"]),
         "ring_steps": max(r["ring_steps"] for r in runs["recorder"]),
         "budget_bytes": BUDGET,
-        "load": [load_start, os.getloadavg()[0]],
+        "load": [load_start, protocol.load_average()],
+        "machine": machine,
         "protocol": args.protocol,
         **({"block": args.block, "blocks": args.blocks} if args.protocol == "blocks"
            else {"steps": args.steps, "runs": args.runs}),

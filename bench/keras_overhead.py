@@ -5,7 +5,7 @@ Runs in .venv. Model: MLP 32-64-1 (Dense relu, Dense), MSE loss, SGD (lr 0.01), 
 saves weights, biases, gradients and losses (metrics too: KerasHook always saves them, as smdebug)
 every step (interval 1) and every 100 steps (interval 100), in ``--intervals``.
 
-Protocol (bench/README.md), side by side in one process: the configurations' runs are
+Protocol (bench/protocol.py), side by side in one process: the configurations' runs are
 interleaved round by round (one warm-up round, then ``--runs`` measured rounds); medians are
 reported. A run is: fresh model (compiled), fresh hook on a fresh out_dir, a 20-step fit that
 traces the train function (not timed: tracing happens once per job, hook or not), then the timed
@@ -34,9 +34,7 @@ import functools
 import gc
 import json
 import os
-import platform
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -47,6 +45,8 @@ os.environ.setdefault("MLTRACE_LOG_LEVEL", "error")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+import protocol  # noqa: E402
 
 COLLECTIONS = ["weights", "biases", "gradients", "losses"]
 BATCH, N_IN, N_HIDDEN, N_OUT = 64, 32, 64, 1
@@ -163,21 +163,20 @@ def benchmark(intervals: list[int], steps: int, runs: int, workdir: str) -> dict
         finally:
             shutil.rmtree(out_dir, ignore_errors=True)
 
-    warmup = {name: timed(i) for name, i in configs.items()}
-    rounds: list[dict[str, dict[str, float]]] = []
-    for _ in range(runs):
-        rounds.append({name: timed(interval) for name, interval in configs.items()})
+    measured = protocol.interleaved(
+        {name: functools.partial(timed, interval) for name, interval in configs.items()}, runs)
+    ms, cpu_ms = protocol.pick(measured, "ms"), protocol.pick(measured, "cpu_ms")
+    self_ = protocol.pick(measured, "self")
     results: dict[str, Any] = {}
     for name in configs:
-        runs_ = [r[name] for r in rounds]
         results[name] = {
-            "ms_per_step": statistics.median(r["ms"] for r in runs_),
-            "cpu_ms_per_step": statistics.median(r["cpu_ms"] for r in runs_),
-            "paired_ratio": statistics.median(r[name]["ms"] / r["none"]["ms"] for r in rounds),
-            "self_fraction": statistics.median(r["self"] for r in runs_),
-            "runs_ms_per_step": [r["ms"] for r in runs_],
-            "runs_cpu_ms_per_step": [r["cpu_ms"] for r in runs_],
-            "warmup_ms_per_step": warmup[name]["ms"],
+            "ms_per_step": ms[name].median,
+            "cpu_ms_per_step": cpu_ms[name].median,
+            "paired_ratio": protocol.median(protocol.paired(ms, "none", name)),
+            "self_fraction": self_[name].median,
+            "runs_ms_per_step": ms[name].runs,
+            "runs_cpu_ms_per_step": cpu_ms[name].runs,
+            "warmup_ms_per_step": ms[name].warmup,
         }
     return results
 
@@ -213,26 +212,29 @@ def main(argv: list[str] | None = None) -> int:
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     intervals = [int(i) for i in args.intervals.split(",") if i]
-    load_start = os.getloadavg()
+    protocol.warn_if_busy()
+    machine = protocol.machine()
+    load_start = protocol.load_average()
     with tempfile.TemporaryDirectory(prefix="mltrace_keras_bench_") as workdir:
         results = benchmark(intervals, args.steps, args.runs, workdir)
-    load_end = os.getloadavg()
+    load_end = protocol.load_average()
     env = {
-        "python": platform.python_version(),
+        "python": machine["python"],
         "tensorflow": tf.__version__,
         "keras": tf.keras.__version__,
         "numpy": np.__version__,
-        "cpu_count": os.cpu_count(),
+        "cpu_count": machine["cores"],
         "tf_threads": 1,
         "steps": args.steps,
         "runs": args.runs,
-        "loadavg_start": load_start[0],
-        "loadavg_end": load_end[0],
+        "loadavg_start": load_start,
+        "loadavg_end": load_end,
+        "machine": machine,
     }
     print(
         f"Keras fit, MLP {N_IN}-{N_HIDDEN}-{N_OUT}, batch {BATCH}, {args.steps} steps, median of "
-        f"{args.runs} rounds (load average {load_start[0]:.2f} -> {load_end[0]:.2f}, "
-        f"{os.cpu_count()} CPUs)"
+        f"{args.runs} rounds (load average {load_start:.2f} -> {load_end:.2f}, "
+        f"{machine['cores']} CPUs, commit {machine['commit']})"
     )
     print(table(results))
     if args.json:

@@ -30,7 +30,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import queue
 import shutil
 import subprocess
@@ -40,6 +39,8 @@ import time
 from collections import deque
 from pathlib import Path
 from typing import Any
+
+import protocol
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -279,14 +280,6 @@ def run_children(steps: int, every: int, trial_dir: str, spot_file: str) -> dict
     return results
 
 
-def git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def print_table(report: dict[str, Any]) -> None:
     hook, base = report["memory"]["mltrace"], report["memory"]["none"]
     a, b = hook["from_step"], hook["to_step"]
@@ -354,7 +347,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--out {workdir}: {trial_dir} exists; pass a new directory")
     os.makedirs(workdir, exist_ok=True)
     spot_file = os.path.join(workdir, "spot_values.npz")
-    load_start = os.getloadavg()[0]
+    protocol.warn_if_busy()
+    machine = protocol.machine()
+    load_start = protocol.load_average()
     start = time.perf_counter()
     try:
         results = run_children(args.steps, args.sample_every, trial_dir, spot_file)
@@ -383,8 +378,8 @@ def main(argv: list[str] | None = None) -> int:
         "growing_containers": growing_containers(results["mltrace"], from_step),
         "largest_containers": largest_containers(results["mltrace"]),
         "samples": {lib: r["samples"] for lib, r in results.items()},
-        "wall_s": wall, "load_start": load_start, "load_end": os.getloadavg()[0],
-        "commit": git_commit(), "python": platform.python_version(),
+        "wall_s": wall, "load_start": load_start, "load_end": protocol.load_average(),
+        "commit": machine["commit"], "python": machine["python"], "machine": machine,
         "torch": results["none"]["torch"],
         "results_path": args.results,
     }

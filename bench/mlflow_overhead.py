@@ -7,12 +7,12 @@ same hook (collections weights and losses saved every step) and call ``hook.save
 ...)`` every step; the MLflow variant also sends the loss and the accuracy to MLflow at every step
 (2 metrics per step) into a SQLite store in a temporary folder (``--tracking-uri`` for another).
 
-Protocol (bench/README.md): one process, one training thread; the variants' runs are
+Protocol (bench/protocol.py): one process, one training thread; the variants' runs are
 interleaved (warm-up of each, then measured run k of each in turn); one warm-up and ``--runs``
 measured runs; the median is reported. A run: fresh model, fresh hook on a fresh out_dir (and,
 with MLflow, a new MLflow run: created in the hook's constructor, not timed), ``--steps`` steps.
-Reported: ``loop`` = the training loop alone (what the issue's target, < 5 % over the hook
-without MLflow, is about), ``CPU`` = this process's CPU time in the loop, all threads (the helper
+Reported: ``loop`` = the training loop alone (what the target, < 5 % over the hook without
+MLflow, is about), ``CPU`` = this process's CPU time in the loop, all threads (the helper
 process's is not in it), and ``close`` = ``hook.close()`` (with MLflow: waiting for the last
 batches, params, artifacts, the summary; once per job). Variants: ``hook+mlflow`` (default
 sink: metrics logged by a helper process) and ``hook+mlflow-thread`` (``logging_process=False``:
@@ -31,12 +31,11 @@ Example:
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
-import platform
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -49,6 +48,8 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
+
+import protocol  # noqa: E402
 
 #: hook: no MLflow; hook+mlflow: the default (metrics sent from a helper process);
 #: hook+mlflow-thread: logging_process=False (MLflow's client runs in the sink's thread).
@@ -151,32 +152,27 @@ def benchmark(steps: int, runs: int, batch: int, workdir: str, with_none: bool,
             if out_dir:
                 shutil.rmtree(out_dir, ignore_errors=True)
 
-    warmup = {v: timed(v) for v in variants}
-    measured: dict[str | None, list[tuple[float, ...]]] = {v: [] for v in variants}
-    for _ in range(runs):
-        for v in variants:
-            measured[v].append(timed(v))
+    measured = protocol.interleaved({v or "none": functools.partial(timed, v) for v in variants},
+                                    runs)
+    # one_run's figures: loop, close, process CPU, training thread, sink thread, helper process
+    loop, close, cpu, training, sink, helper = (protocol.pick(measured, i) for i in range(6))
     results = {}
-    for v in variants:
-        loops = [m[0] for m in measured[v]]
-        closes = [m[1] for m in measured[v]]
-        cpus = [m[2] for m in measured[v]]
-        results[v or "none"] = {
-            "loop_ms_per_step": statistics.median(loops), "close_ms": statistics.median(closes),
-            "cpu_ms_per_step": statistics.median(cpus),
-            "training_thread_cpu_ms_per_step": statistics.median(m[3] for m in measured[v]),
-            "sink_thread_cpu_ms_per_step": statistics.median(m[4] for m in measured[v]),
-            "helper_process_cpu_ms_per_step": statistics.median(m[5] for m in measured[v]),
-            "runs_loop_ms_per_step": loops, "runs_close_ms": closes, "runs_cpu_ms_per_step": cpus,
-            "warmup_loop_ms_per_step": warmup[v][0]}
+    for v in measured:
+        results[v] = {
+            "loop_ms_per_step": loop[v].median, "close_ms": close[v].median,
+            "cpu_ms_per_step": cpu[v].median,
+            "training_thread_cpu_ms_per_step": training[v].median,
+            "sink_thread_cpu_ms_per_step": sink[v].median,
+            "helper_process_cpu_ms_per_step": helper[v].median,
+            "runs_loop_ms_per_step": loop[v].runs, "runs_close_ms": close[v].runs,
+            "runs_cpu_ms_per_step": cpu[v].runs, "warmup_loop_ms_per_step": loop[v].warmup}
     base = results["hook"]
     ratios = {}
     for v in names:
         if v != "hook":
             r = results[v]
-            paired = [a / b for a, b in zip(r["runs_loop_ms_per_step"], base["runs_loop_ms_per_step"])]
             ratios[v] = {"loop": r["loop_ms_per_step"] / base["loop_ms_per_step"],
-                         "loop_paired_median": statistics.median(paired),
+                         "loop_paired_median": protocol.median(protocol.paired(loop, "hook", v)),
                          "loop_plus_close": (r["loop_ms_per_step"] * steps + r["close_ms"])
                          / (base["loop_ms_per_step"] * steps + base["close_ms"]),
                          "process_cpu": r["cpu_ms_per_step"] / base["cpu_ms_per_step"]}
@@ -202,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.flush_interval:
         SINK_OPTIONS["flush_interval"] = args.flush_interval
     torch.set_num_threads(1)
+    protocol.warn_if_busy()
+    machine = protocol.machine()
     workdir = tempfile.mkdtemp(prefix="mltrace-bench-mlflow-")
     os.environ["MLFLOW_TRACKING_URI"] = args.tracking_uri or f"sqlite:///{workdir}/mlflow.db"
     cwd = os.getcwd()
@@ -220,9 +218,10 @@ def main(argv: list[str] | None = None) -> int:
 
     report = {"steps": args.steps, "runs": args.runs, "batch": args.batch, "collections": COLLECTIONS,
               "mlflow_metrics_per_step": 2, "results": results,
-              "env": {"python": platform.python_version(), "torch": torch.__version__, "mlflow": mlflow.__version__,
+              "env": {"python": machine["python"], "torch": torch.__version__, "mlflow": mlflow.__version__,
                       "mltrace": mltrace.__version__, "torch_threads": torch.get_num_threads(),
-                      "cpu_count": os.cpu_count()}}
+                      "cpu_count": machine["cores"]},
+              "machine": machine, "load_end": protocol.load_average()}
     if args.json:
         print(json.dumps(report))
         return 0

@@ -18,7 +18,7 @@ drops it). The hook is created as a user would::
 with ``smd`` = ``mltrace.mxnet`` or ``smdebug.mxnet``; N = 1 (every step: 2 weights, 2 biases,
 4 gradients and the loss) and N = 100.
 
-Protocol (bench/README.md): one thread (``OMP_NUM_THREADS=1``,
+Protocol (bench/protocol.py): one thread (``OMP_NUM_THREADS=1``,
 ``MXNET_ENGINE_TYPE=NaiveEngine``: operators run synchronously on the Python thread, as torch's
 CPU ops do in bench/pytorch_overhead.py; ``--engine threaded`` keeps MXNet's default engine with
 ``MXNET_CPU_WORKER_NTHREADS=1``; set before MXNet is imported), per (interval, library) one
@@ -40,12 +40,11 @@ other processes' load moves least); mlt/smd added = mltrace's added wall ms over
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
-import platform
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -74,6 +73,8 @@ os.environ.setdefault("MLTRACE_LOG_LEVEL", "error")
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 from mxnet import autograd, gluon  # noqa: E402
+
+import protocol  # noqa: E402
 
 LIBS = ("none", "mltrace", "smdebug")
 COLLECTIONS = ["weights", "biases", "gradients", "losses"]
@@ -182,7 +183,7 @@ def attribute_mltrace(intervals: list[int], data: list[tuple[mx.nd.NDArray, mx.n
                 shutil.rmtree(out_dir, ignore_errors=True)
                 hook_ms = spent[0] * 1000.0 / len(data)
                 shares.append(hook_ms / (thread_ms - hook_ms) * 100.0)
-            out[str(interval)] = {"self_pct": statistics.median(shares), "runs_self_pct": shares}
+            out[str(interval)] = {"self_pct": protocol.median(shares), "runs_self_pct": shares}
     finally:
         for (cls, name), fn in originals.items():
             setattr(cls, name, fn)
@@ -204,23 +205,21 @@ def benchmark(libs: list[str], intervals: list[int], steps: int, runs: int, work
         finally:
             shutil.rmtree(out_dir, ignore_errors=True)
 
-    cells = [(interval, lib) for interval in intervals for lib in libs]
-    warmup = {cell: timed(cell[1], cell[0]) for cell in cells}
-    measured: dict[tuple[int, str], list[tuple[float, float, float]]] = {c: [] for c in cells}
-    for _ in range(runs):
-        for interval, lib in cells:
-            measured[(interval, lib)].append(timed(lib, interval))
+    # every (interval, library) a setting, all interleaved
+    measured = protocol.interleaved({f"{interval}/{lib}": functools.partial(timed, lib, interval)
+                                     for interval in intervals for lib in libs}, runs)
+    ms, cpu_ms = protocol.pick(measured, 0), protocol.pick(measured, 1)
     results: dict[str, Any] = {}
     for interval in intervals:
         row: dict[str, Any] = {}
         for lib in libs:
-            runs_ = measured[(interval, lib)]
+            cell = f"{interval}/{lib}"
             row[lib] = {
-                "ms_per_step": statistics.median(r[0] for r in runs_),
-                "cpu_ms_per_step": statistics.median(r[1] for r in runs_),
-                "runs_ms_per_step": [r[0] for r in runs_],
-                "runs_cpu_ms_per_step": [r[1] for r in runs_],
-                "warmup_ms_per_step": warmup[(interval, lib)][0],
+                "ms_per_step": ms[cell].median,
+                "cpu_ms_per_step": cpu_ms[cell].median,
+                "runs_ms_per_step": ms[cell].runs,
+                "runs_cpu_ms_per_step": cpu_ms[cell].runs,
+                "warmup_ms_per_step": ms[cell].warmup,
             }
         results[str(interval)] = row
     if "mltrace" in libs:
@@ -244,8 +243,8 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
                 # Paired: the library's run over the no-hook run of the same round, then the
                 # median; slow changes of the machine's load cancel within a round.
                 pairs = zip(row[lib]["runs_ms_per_step"], row["none"]["runs_ms_per_step"])
-                out[f"{lib}_paired_pct"] = statistics.median((a / b - 1.0) * 100.0
-                                                             for a, b in pairs)
+                out[f"{lib}_paired_pct"] = protocol.median((a / b - 1.0) * 100.0
+                                                           for a, b in pairs)
         if "self_pct" in row.get("mltrace", {}):
             out["mltrace_self_pct"] = row["mltrace"]["self_pct"]
         if "mltrace_ms" in out and "smdebug_ms" in out and out["smdebug_ms"] - base > 0:
@@ -277,8 +276,9 @@ def print_table(rows: list[dict[str, Any]], steps: int, runs: int) -> None:
 
 
 def environment() -> dict[str, Any]:
-    return {"python": platform.python_version(), "mxnet": mx.__version__, "numpy": np.__version__,
-            "cpu_count": os.cpu_count(), "loadavg": os.getloadavg(),
+    machine = protocol.machine()
+    return {"python": machine["python"], "mxnet": mx.__version__, "numpy": np.__version__,
+            "cpu_count": machine["cores"], "loadavg": protocol.load_average(), "machine": machine,
             "threads": {v: os.environ.get(v) for v in
                         ("OMP_NUM_THREADS", "MXNET_CPU_WORKER_NTHREADS", "MXNET_ENGINE_TYPE")}}
 
@@ -313,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad or args.steps < 1 or args.runs < 1:
         parser.error(f"--libs from {LIBS}; intervals, --steps and --runs >= 1")
     workdir = args.workdir or tempfile.mkdtemp(prefix="mltrace-bench-mxnet-")
+    protocol.warn_if_busy()
     env_start = environment()
     try:
         results = benchmark(libs, intervals, args.steps, args.runs, workdir, not args.no_step_sync)
@@ -323,12 +324,13 @@ def main(argv: list[str] | None = None) -> int:
     report = {"steps": args.steps, "runs": args.runs, "batch": BATCH,
               "model": f"{N_IN}-{N_HIDDEN}-{N_OUT}",
               "collections": COLLECTIONS, "step_sync": not args.no_step_sync, "results": results,
-              "summary": rows, "env": env_start, "loadavg_end": os.getloadavg()}
+              "summary": rows, "env": env_start, "loadavg_end": protocol.load_average()}
     if args.json:
         print(json.dumps(report))
     else:
         print_table(rows, args.steps, args.runs)
-        print(f"load average at start {env_start['loadavg']}, at end {report['loadavg_end']}")
+        print(f"load average at start {env_start['loadavg']:.2f}, at end {report['loadavg_end']:.2f}; "
+              f"commit {env_start['machine']['commit']}")
     return 0
 
 

@@ -5,7 +5,7 @@ with ``torch.compile`` (inductor by default), trained ``--steps`` steps per run.
 (the default) is a model class of its own, as training scripts compile; ``--model sequential``
 is the same layers in an ``nn.Sequential``, whose call TorchDynamo traces from the outside
 (torch.nn's own classes are in its trace rules): the hook's step boundary on it, registered
-before compiling, is one graph break (see bench/README.md).
+before compiling, is one graph break.
 
 - ``compiled``: the compiled model, no hook;
 - ``hook-after``: ``hook.register_module(torch.compile(model))``;
@@ -24,8 +24,8 @@ percent between processes and compiles, which a run-per-process protocol cannot 
 ``--runs`` runs are interleaved across the variants, each a fresh model and hook compiled
 afresh, 5 untimed steps and then ``--steps`` timed steps plus ``hook.close()``. Either way the
 bench checks the hook counted every step (TorchDynamo does not guard on module hooks: a graph
-cached for another copy of the model would skip the new copy's hooks). One thread
-(bench/README.md protocol).
+cached for another copy of the model would skip the new copy's hooks). One thread; medians and
+paired ratios from bench/protocol.py.
 
 Run: ``.venv/bin/python bench/pytorch_compile.py [--blocks 40] [--protocol runs --runs 5 --steps 300]``
 Writes bench/results/pytorch_compile.json.
@@ -36,11 +36,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from typing import Any
 
 os.environ.setdefault("MLTRACE_LOG_LEVEL", "error")
@@ -51,6 +49,8 @@ from torch import nn
 from torch._dynamo.utils import counters
 
 import mltrace.pytorch as smd
+
+import protocol
 
 VARIANTS = ("compiled", "hook-after", "hook-before", "eager")
 BATCH = 64
@@ -112,12 +112,6 @@ class Run:
             self.hook.close()
 
 
-def _timed(fn: Callable[[], None]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
 def _setup(width: int, steps: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], str]:
     """One thread, ``steps`` batches of seeded data, and a fresh folder for the trials."""
     torch.set_num_threads(1)
@@ -150,7 +144,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                     run.step(x, y)
                 run.close()
 
-            elapsed = _timed(loop)
+            elapsed = protocol.timed(loop)
             if run.hook is not None and run.hook.step != WARM_STEPS + args.steps - 1:
                 raise RuntimeError(f"{variant}: the hook counted {run.hook.step + 1} steps of "
                                    f"{WARM_STEPS + args.steps}; its callbacks did not all run")
@@ -161,7 +155,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             else:
                 times[variant].append(1000 * elapsed / args.steps)
     return {"ms_per_step": times, "compile": compile_info, "args": vars(args),
-            "load": os.getloadavg(), "torch": torch.__version__}
+            "load": protocol.load_average(), "torch": torch.__version__}
 
 
 def measure_blocks(args: argparse.Namespace) -> dict[str, Any]:
@@ -194,24 +188,24 @@ def measure_blocks(args: argparse.Namespace) -> dict[str, Any]:
             for x, y in data:
                 run.step(x, y)
             times[variant].append(1000 * (time.perf_counter() - start) / args.interval)
-    close_ms = {v: 1000 * _timed(runs[v].close) for v in VARIANTS}
+    close_ms = {v: 1000 * protocol.timed(runs[v].close) for v in VARIANTS}
     for variant, run in runs.items():
         if run.hook is not None and run.hook.step != WARM_STEPS + args.interval * (args.blocks + 1) - 1:
             raise RuntimeError(f"{variant}: the hook counted {run.hook.step + 1} steps; its callbacks did not all run")
     return {"ms_per_step": times, "compile": compile_info, "close_ms": close_ms, "args": vars(args),
-            "load": os.getloadavg(), "torch": torch.__version__}
+            "load": protocol.load_average(), "torch": torch.__version__}
 
 
 def table(result: dict[str, Any]) -> str:
     """The medians, their ratio to ``compiled``, and the median of the runs' own ratios (run k
     of a variant over run k of ``compiled``, measured next to each other: the steadier one)."""
-    times = result["ms_per_step"]
-    base = statistics.median(times["compiled"])
+    times = {v: protocol.Measured(runs) for v, runs in result["ms_per_step"].items()}
+    base = times["compiled"].median
     rows = ["| variant | ms/step (median) | / compiled | paired | graph breaks | graphs |",
             "|---|---|---|---|---|---|"]
     for variant in VARIANTS:
-        med = statistics.median(times[variant])
-        paired = statistics.median(t / c for t, c in zip(times[variant], times["compiled"]))
+        med = times[variant].median
+        paired = protocol.median(protocol.paired(times, "compiled", variant))
         info = result["compile"].get(variant, {})
         rows.append(f"| {variant} | {med:.3f} | {med / base:.3f} | {paired:.3f} | "
                     f"{info.get('graph_breaks', '-') if variant != 'eager' else '-'} | "
@@ -233,12 +227,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", type=int, default=40)
     args = parser.parse_args(argv)
     torch._dynamo.config.cache_size_limit = 64  # the variants compile the same code several times
+    protocol.warn_if_busy()
+    machine = protocol.machine()
     result = measure_blocks(args) if args.protocol == "blocks" else measure(args)
+    result["machine"] = machine
     print(table(result))
     if "close_ms" in result:
         print("close: " + ", ".join(f"{v} {ms:.2f} ms" for v, ms in result["close_ms"].items()))
-    print(f"load average {result['load']}, torch {result['torch']}, backend {args.backend}, "
-          f"model {args.model}")
+    print(f"load average {result['load']:.2f}, torch {result['torch']}, backend {args.backend}, "
+          f"model {args.model}, commit {machine['commit']}")
     os.makedirs(os.path.join(os.path.dirname(__file__), "results"), exist_ok=True)
     with open(os.path.join(os.path.dirname(__file__), "results",
                            f"pytorch_compile{'' if args.model == 'mlp' else '_' + args.model}.json"), "w") as f:

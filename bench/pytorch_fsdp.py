@@ -45,15 +45,16 @@ MASTER_ADDR and MASTER_PORT come from the environment).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
-import platform
 import shutil
-import statistics
 import sys
 import tempfile
 import time
 from typing import Any
+
+import protocol
 
 os.environ.setdefault("MLTRACE_LOG_LEVEL", "error")  # log lines are not what is measured
 
@@ -192,22 +193,23 @@ def worker(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     data = make_data(args.steps, rank)
-    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in CONFIGS}
-    warmup: dict[str, dict[str, Any]] = {}
     checks: dict[str, Any] = {}
-    for round_ in range(args.runs + 1):
-        for config in CONFIGS:
-            out_dir = os.path.join(args.workdir, f"{config}_{round_}")
-            result = one_run(config, out_dir, args.layers, data)
-            if round_ == 0:
-                warmup[config] = result
-                if config != "none" and rank == 0:
-                    checks[config] = check_trial(out_dir, config, args.steps, args.layers)
-            else:
-                runs[config].append(result)
-            dist.barrier()  # every rank is done with the trial before it goes
-            if rank == 0:
-                shutil.rmtree(out_dir, ignore_errors=True)
+    done = dict.fromkeys(CONFIGS, 0)  # runs made of each configuration; the first warms up
+
+    def run(config: str) -> dict[str, Any]:
+        out_dir = os.path.join(args.workdir, f"{config}_{done[config]}")
+        result = one_run(config, out_dir, args.layers, data)
+        if done[config] == 0 and config != "none" and rank == 0:
+            checks[config] = check_trial(out_dir, config, args.steps, args.layers)
+        done[config] += 1
+        dist.barrier()  # every rank is done with the trial before it goes
+        if rank == 0:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        return result
+
+    measured = protocol.interleaved({c: functools.partial(run, c) for c in CONFIGS}, args.runs)
+    runs = {c: m.runs for c, m in measured.items()}
+    warmup = {c: m.warmup for c, m in measured.items()}
     n_params = sum(p.numel() for p in make_model(args.layers).parameters())
     if rank == 0:
         with open(args.result, "w") as f:
@@ -223,12 +225,12 @@ def summarize(raw: dict[str, Any], steps: int) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for config in CONFIGS:
         runs = raw["runs"][config]
-        ms = statistics.median(r["ms"] for r in runs) / steps
+        ms = protocol.median(r["ms"] for r in runs) / steps
         out[config] = {
             "ms_per_step": ms,
-            "step_p50_ms": statistics.median(s for r in runs for s in r["step_ms"]),
-            "cpu_ms_per_step_rank0": statistics.median(r["cpu_ms"] for r in runs) / steps,
-            "mltrace_bytes_per_step": statistics.median(r["bytes_moved"] for r in runs) / steps,
+            "step_p50_ms": protocol.median(s for r in runs for s in r["step_ms"]),
+            "cpu_ms_per_step_rank0": protocol.median(r["cpu_ms"] for r in runs) / steps,
+            "mltrace_bytes_per_step": protocol.median(r["bytes_moved"] for r in runs) / steps,
             "runs_ms_per_step": [r["ms"] / steps for r in runs],
         }
     for config in CONFIGS:
@@ -254,7 +256,9 @@ def table(summary: dict[str, dict[str, Any]], fsdp_bytes: float) -> str:
 def launch(args: argparse.Namespace) -> int:
     from _support import launch_ranks
 
-    load_start = os.getloadavg()
+    protocol.warn_if_busy()
+    machine = protocol.machine()
+    load_start = protocol.load_average()
     workdir = tempfile.mkdtemp(prefix="mltrace-bench-fsdp-")
     result_path = os.path.join(workdir, "result.json")
     try:
@@ -268,7 +272,7 @@ def launch(args: argparse.Namespace) -> int:
             raw = json.load(f)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    load_end = os.getloadavg()
+    load_end = protocol.load_average()
 
     summary = summarize(raw, args.steps)
     param_bytes = raw["params"] * 4
@@ -278,7 +282,8 @@ def launch(args: argparse.Namespace) -> int:
     print(f"FSDP2 (fully_shard, gloo, CPU): {args.world} ranks, {args.layers} x Linear({WIDTH}, "
           f"{WIDTH}) ({raw['params']:,} parameters, {param_bytes:,} B), batch {BATCH}/rank, "
           f"{args.steps} steps, 1 warm-up + {args.runs} measured runs, medians")
-    print(f"load average {load_start[0]:.2f} -> {load_end[0]:.2f}; job wall time {wall_s:.0f} s\n")
+    print(f"load average {load_start:.2f} -> {load_end:.2f}; job wall time {wall_s:.0f} s; "
+          f"commit {machine['commit']}\n")
     print(text)
     print(f"\nmltrace bytes/step raw / reductions: {full / red:,.0f}x" if red else "")
     for config, check in raw["checks"].items():
@@ -294,8 +299,9 @@ def launch(args: argparse.Namespace) -> int:
         "table": text, "checks": raw["checks"], "runs_raw": raw["runs"],
         "warmup": raw["warmup"], "load_average": {"start": load_start, "end": load_end},
         "wall_s": wall_s,
-        "env": {"python": platform.python_version(), "torch": raw["torch"],
-                "cpu_count": os.cpu_count()},
+        "env": {"python": machine["python"], "torch": raw["torch"],
+                "cpu_count": machine["cores"]},
+        "machine": machine,
     }
     os.makedirs(os.path.dirname(args.results), exist_ok=True)
     with open(args.results, "w") as f:

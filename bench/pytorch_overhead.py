@@ -12,7 +12,7 @@ ratio of added times is what TensorBoard histograms cost. ``mltrace_thread`` is 
 ``MLTRACE_WRITER=thread`` (files written by a thread of the training process, not the writer
 process).
 
-Protocol (bench/README.md): one warm-up run and ``--runs`` measured runs per library, the
+Protocol (bench/protocol.py): one warm-up run and ``--runs`` measured runs per library, the
 median reported. A run is: fresh model, fresh hook on a fresh out_dir, ``--steps`` steps, then
 ``hook.close()``; the timed region is the training loop *plus* close(), because both libraries may
 defer writing to a background thread and close() waits for it. Hook construction and registration
@@ -36,12 +36,11 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import functools
 import gc
 import json
 import os
-import platform
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -54,6 +53,8 @@ os.environ.setdefault("MLTRACE_LOG_LEVEL", "error")
 
 import torch
 from torch import nn
+
+import protocol
 
 LIBS = ("none", "mltrace", "mltrace_thread", "mltrace_tb", "mltrace_hist", "smdebug", "wandb")
 COLLECTIONS = ["weights", "biases", "gradients", "losses"]
@@ -198,22 +199,15 @@ def benchmark(
             if out_dir:
                 shutil.rmtree(out_dir, ignore_errors=True)
 
-    warmup = {lib: timed(lib) for lib in libs}
-    measured: dict[str, list[tuple[float, float]]] = {lib: [] for lib in libs}
-    for _ in range(runs):
-        for lib in libs:
-            measured[lib].append(timed(lib))
+    measured = protocol.interleaved({lib: functools.partial(timed, lib) for lib in libs}, runs)
+    wall, cpu = protocol.pick(measured, 0), protocol.pick(measured, 1)
     return {
         lib: {
-            "ms_per_step": statistics.median(w for w, _ in measured[lib])
-            if measured[lib]
-            else None,
-            "cpu_ms_per_step": statistics.median(c for _, c in measured[lib])
-            if measured[lib]
-            else None,
-            "runs_ms_per_step": [w for w, _ in measured[lib]],
-            "runs_cpu_ms_per_step": [c for _, c in measured[lib]],
-            "warmup_ms_per_step": warmup[lib][0],
+            "ms_per_step": wall[lib].median if runs else None,
+            "cpu_ms_per_step": cpu[lib].median if runs else None,
+            "runs_ms_per_step": wall[lib].runs,
+            "runs_cpu_ms_per_step": cpu[lib].runs,
+            "warmup_ms_per_step": wall[lib].warmup,
             "version": library_version(lib),
         }
         for lib in libs
@@ -223,13 +217,15 @@ def benchmark(
 def environment() -> dict[str, Any]:
     import numpy as np
 
+    machine = protocol.machine()
     return {
-        "python": platform.python_version(),
-        "executable": sys.executable,
+        "python": machine["python"],
+        "executable": machine["executable"],
         "torch": torch.__version__,
         "numpy": np.__version__,
         "torch_threads": torch.get_num_threads(),
-        "cpu_count": os.cpu_count(),
+        "cpu_count": machine["cores"],
+        "machine": machine,
     }
 
 
@@ -283,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result) if args.json else f"wrote {args.write_trial} ({ms:.3f} ms/step)")
         return 0
 
+    protocol.warn_if_busy()
+    env = environment()
     workdir = args.workdir or tempfile.mkdtemp(prefix="mltrace-bench-pytorch-")
     if args.workdir is None:
         # smdebug's hooks write training_job_end.ts again from their atexit handlers; handlers run
@@ -301,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         "model": f"{N_IN}-{N_HIDDEN}-{N_OUT}",
         "collections": COLLECTIONS,
         "results": results,
-        "env": environment(),
+        "env": env,
+        "load_end": protocol.load_average(),
     }
     if args.json:
         print(json.dumps(report))
@@ -318,13 +317,13 @@ def main(argv: list[str] | None = None) -> int:
                 added = {lib: results[lib]["ms_per_step"] - results["none"]["ms_per_step"]
                          for lib in ("mltrace", peer)}
                 print(f"added time, mltrace / {peer}: {added['mltrace']:.3f} / {added[peer]:.3f} ms/step "
-                      f"= {added['mltrace'] / added[peer]:.3f} (issue 14's target at interval 1: <= 0.10)")
+                      f"= {added['mltrace'] / added[peer]:.3f} (target at interval 1: <= 0.10)")
         if {"none", "mltrace_tb", "mltrace_hist"} <= set(results):
             added = {lib: results[lib]["ms_per_step"] - results["none"]["ms_per_step"]
                      for lib in ("mltrace_tb", "mltrace_hist")}
             print(f"TensorBoard histograms: added {added['mltrace_hist']:.3f} ms/step with them, "
                   f"{added['mltrace_tb']:.3f} without: "
-                  f"{added['mltrace_hist'] / added['mltrace_tb']:.2f}x (issue 14's target: <= 1.5x)")
+                  f"{added['mltrace_hist'] / added['mltrace_tb']:.2f}x (target: <= 1.5x)")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""A wide model's saved step (issue 14): reductions of many large tensors, against torch alone.
+"""A wide model's saved step: reductions of many large tensors, against torch alone.
 
 The model holds ``--tensors`` (200) parameters of ``--elements`` (1,000,000) float32 each. Its
 forward reads one element of each, so a step costs almost nothing but the work of saving. Three
@@ -12,7 +12,7 @@ configurations run interleaved, round by round, in this one process (one torch t
   tensor, concatenated and copied to the host once per step; no hook, nothing written.
 
 Reported: ms per saved step for each, the hook's added time (mltrace - forward), and the ratio
-added / torch (the issue's target: at most 2). ``--json`` prints one JSON object.
+added / torch (the target: at most 2). ``--json`` prints one JSON object.
 
     .venv/bin/python bench/pytorch_wide.py                      # 200 x 1M, 5 steps, 3 rounds
     .venv/bin/python bench/pytorch_wide.py --tensors 50 --elements 100000
@@ -21,10 +21,10 @@ added / torch (the issue's target: at most 2). ``--json`` prints one JSON object
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
-import statistics
 import tempfile
 import time
 
@@ -32,6 +32,8 @@ os.environ.setdefault("MLTRACE_LOG_LEVEL", "error")
 
 import torch
 from torch import nn
+
+import protocol
 
 REDUCTIONS = ["mean", "max", "nan_count"]
 NORMS = ["l2"]
@@ -111,20 +113,23 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(1)
     model = Wide(args.tensors, args.elements)
-    runs: dict[str, list[float]] = {"forward": [], "mltrace": [], "torch": []}
-    load = [os.getloadavg()[0]]
-    run_mltrace(model, 1)  # warm-up of every path
+    protocol.warn_if_busy()
+    machine = protocol.machine()
+    load = [protocol.load_average()]
+    run_mltrace(model, 1)  # warm-up of every path, one step each
     run_torch(model, 1)
-    for _ in range(args.rounds):
-        runs["forward"].append(run_forward(model, args.steps))
-        runs["mltrace"].append(run_mltrace(model, args.steps))
-        runs["torch"].append(run_torch(model, args.steps))
-    load.append(os.getloadavg()[0])
-    med = {k: statistics.median(v) for k, v in runs.items()}
-    added = med["mltrace"] - med["forward"]
+    measured = protocol.interleaved(
+        {name: functools.partial(run, model, args.steps)
+         for name, run in (("forward", run_forward), ("mltrace", run_mltrace), ("torch", run_torch))},
+        args.rounds, warmup=False)
+    load.append(protocol.load_average())
+    runs = {k: m.runs for k, m in measured.items()}
+    med = {k: m.median for k, m in measured.items()}
+    added = protocol.added(measured, "forward")["mltrace"]
     result = {"tensors": args.tensors, "elements": args.elements, "steps": args.steps,
               "rounds": args.rounds, "ms_per_step": med, "added_ms": added,
-              "added_over_torch": added / med["torch"], "load_average": load, "runs": runs}
+              "added_over_torch": added / med["torch"], "load_average": load, "runs": runs,
+              "machine": machine}
     if args.json:
         print(json.dumps(result))
         return 0

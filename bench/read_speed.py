@@ -12,7 +12,7 @@ One run, on a freshly created trial object (no value cache carried over):
   3. ``tensor.value(step)`` for every weight tensor and every step -> ``per_value_ms`` (mean)
 ``open_s`` = create_s + list_s: everything before the first value.
 
-Protocol (bench/README.md): one warm-up run and ``--runs`` measured runs, medians
+Protocol (bench/protocol.py): one warm-up run and ``--runs`` measured runs, medians
 reported. The OS page cache is warm after the warm-up for either library alike.
 
 Examples:
@@ -23,11 +23,10 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
-import platform
-import statistics
 import sys
 import time
 from typing import Any
@@ -36,6 +35,8 @@ os.environ.setdefault("SMDEBUG_LOG_LEVEL", "error")
 os.environ.setdefault("MLTRACE_LOG_LEVEL", "error")
 
 import numpy as np
+
+import protocol
 
 LIBS = ("mltrace", "smdebug")
 
@@ -93,13 +94,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--runs must be >= 1")
 
     create_trial = import_create_trial(args.lib)
-    warmup = one_run(create_trial, args.trial)
-    runs = [one_run(create_trial, args.trial) for _ in range(args.runs)]
+    protocol.warn_if_busy()
+    machine = protocol.machine()
+    measured = protocol.interleaved(
+        {args.lib: functools.partial(one_run, create_trial, args.trial)}, args.runs)[args.lib]
+    warmup, runs = measured.warmup, measured.runs
     if not warmup["n_values"]:
         raise SystemExit(f"{args.lib} read no weight values from {args.trial}")
 
     def med(key: str) -> float:
-        return statistics.median(r[key] for r in runs)
+        return protocol.pick({args.lib: measured}, key)[args.lib].median
 
     module = __import__(args.lib)
     report = {
@@ -119,9 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         "steps_per_tensor": warmup["steps_per_tensor"],
         "checksum": warmup["checksum"],
         "env": {
-            "python": platform.python_version(),
-            "executable": sys.executable,
+            "python": machine["python"],
+            "executable": machine["executable"],
             "numpy": np.__version__,
+            "machine": machine,
         },
     }
     if args.json:

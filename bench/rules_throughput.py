@@ -9,7 +9,8 @@ PyTorch hook; both readers read it):
 smdebug's built-in rules were never published, so its side is the documented condition written
 against smdebug's Trial API (as AWS documents the rules): VanishingGradient = mean(|g|) of each
 gradient below 1e-7 (from the stored abs_mean reduction); ExplodingTensor = any NaN/Inf in the
-raw value of each tensor of the chosen collections. Protocol: one warm-up, median of five.
+raw value of each tensor of the chosen collections. Protocol (bench/protocol.py): one warm-up,
+the median of ``--runs``; each library's runs in a row, one after the other.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
 import time
 
 import numpy as np
 import torch
+
+import protocol
 
 os.environ.setdefault("SMDEBUG_LOG_LEVEL", "error")
 os.environ.setdefault("SMDEBUG_TRAINING_END_DELAY_REFRESH", "0")
@@ -103,13 +105,14 @@ def smdebug_rules(path: str, name: str) -> int:
 
 
 def measure(fn, path: str, name: str, runs: int) -> tuple[float, int]:
-    fn(path, name)  # warm-up
-    times, steps = [], 0
-    for _ in range(runs):
+    """(median seconds, steps evaluated) of ``runs`` runs of ``fn`` after one warm-up."""
+    def run() -> tuple[float, int]:
         start = time.perf_counter()
         steps = fn(path, name)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), steps
+        return time.perf_counter() - start, steps
+
+    measured = protocol.interleaved({name: run}, runs)
+    return protocol.pick(measured, 0)[name].median, measured[name].runs[-1][1]
 
 
 def main() -> None:
@@ -118,6 +121,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    protocol.warn_if_busy()
+    machine = protocol.machine()
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "trial")
         write_trial(path, args.steps)
@@ -127,7 +132,8 @@ def main() -> None:
             s_s, s_n = measure(smdebug_rules, path, name, args.runs)
             rows.append({"rule": name, "mltrace_steps_per_s": m_n / m_s, "smdebug_steps_per_s": s_n / s_s,
                          "steps": [m_n, s_n], "speedup": (m_n / m_s) / (s_n / s_s)})
-    print(f"Rule throughput over a {args.steps}-step trial (median of {args.runs}, one process)")
+    print(f"Rule throughput over a {args.steps}-step trial (median of {args.runs}, one process; "
+          f"commit {machine['commit']}, load {protocol.load_average():.2f})")
     print(f"{'rule':<20}{'mltrace steps/s':>17}{'smdebug steps/s':>17}{'speed-up':>10}")
     for r in rows:
         print(f"{r['rule']:<20}{r['mltrace_steps_per_s']:>17.0f}{r['smdebug_steps_per_s']:>17.0f}"

@@ -26,7 +26,7 @@ by the script (the original example's way, same collections, interval 1000): the
 cost, which ``mltrace run`` includes; and with one forward pre-hook that does nothing, the floor
 of any step boundary kept by a module hook.
 
-Protocol (bench/README.md): one thread (OMP/MKL threads 1; ``torch.set_num_threads(1)`` follows
+Protocol (bench/protocol.py): one thread (OMP/MKL threads 1; ``torch.set_num_threads(1)`` follows
 from OMP_NUM_THREADS), one warm-up and ``--runs`` (5) measured runs per configuration, plain
 and mltrace run interleaved, the median reported. On a loaded machine read the CPU ratio (the
 training process's own CPU time) next to the wall ratios.
@@ -40,14 +40,17 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
+import itertools
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import protocol
 
 ROOT = Path(__file__).resolve().parents[1]
 STRIPPED = ROOT / "examples" / "zero_change"
@@ -106,16 +109,17 @@ def measure(workload: str, runs: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="mltrace-run-bench-") as tmp:
         work = Path(tmp)
         (work / "timed.py").write_text(TIMED)
-        times: dict[bool, list[tuple[float, float, float]]] = {False: [], True: []}
-        for index in range(runs + 1):  # run 0 is the warm-up
-            for under in (False, True):
-                sample = run_once(workload, under, work, index)
-                if index:
-                    times[under].append(sample)
+        index = itertools.count()  # each run's own result file and trial folder
+
+        def once(under: bool) -> tuple[float, float, float]:
+            return run_once(workload, under, work, next(index))
+
+        measured = protocol.interleaved({"plain": functools.partial(once, False),
+                                         "run": functools.partial(once, True)}, runs)
     result = {}
     for i, what in enumerate(("train", "cpu", "wall")):
-        plain = statistics.median(t[i] for t in times[False])
-        run = statistics.median(t[i] for t in times[True])
+        figure = protocol.pick(measured, i)
+        plain, run = figure["plain"].median, figure["run"].median
         result.update({f"plain_{what}_s": plain, f"run_{what}_s": run, f"{what}_ratio": run / plain})
     return result
 
@@ -158,15 +162,11 @@ def hook_in_the_script(runs: int, steps: int = 3000) -> dict[str, float]:
         return elapsed
 
     kinds = ("plain", "noop_pre_hook", "hook")
-    times: dict[str, list[float]] = {kind: [] for kind in kinds}
     with tempfile.TemporaryDirectory(prefix="mltrace-run-bench-") as tmp:
-        for index in range(runs + 1):
-            for kind in kinds:
-                sample = once(kind, tmp, steps)
-                if index:
-                    times[kind].append(sample)
-    plain = statistics.median(times["plain"])
-    noop, hooked = statistics.median(times["noop_pre_hook"]), statistics.median(times["hook"])
+        times = protocol.interleaved({kind: functools.partial(once, kind, tmp, steps)
+                                      for kind in kinds}, runs)
+    plain = times["plain"].median
+    noop, hooked = times["noop_pre_hook"].median, times["hook"].median
     return {"plain_cpu_s": plain, "noop_pre_hook_cpu_s": noop, "hook_cpu_s": hooked,
             "noop_pre_hook_ratio": noop / plain, "cpu_ratio": hooked / plain}
 
@@ -177,7 +177,11 @@ def main() -> None:
     parser.add_argument("--only", choices=sorted(WORKLOADS), action="append")
     parser.add_argument("--json", action="store_true", help="print the results as JSON too")
     args = parser.parse_args()
+    protocol.warn_if_busy()
+    machine = protocol.machine()
     results = {name: measure(name, args.runs) for name in args.only or WORKLOADS}
+    print(f"commit {machine['commit']}, {machine['cores']} cores, load {machine['load_per_core']} "
+          f"per core before, {protocol.load_per_core():.2f} after")
     print("medians; train = the script's run after the imports, cpu = its process CPU time,")
     print("wall = the whole process; ratio = mltrace run / plain")
     print(f"{'workload':<10}" + "".join(f"{'plain ' + w:>13}{'run ' + w:>11}{'ratio':>7}"

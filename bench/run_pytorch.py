@@ -5,7 +5,7 @@ venvs exchange only JSON on stdout and trial directories on disk, never imports)
 
     .venv/bin/python bench/run_pytorch.py            # about 5-10 minutes on 2 cores
 
-What it does (details and the meaning of every column: bench/README.md):
+What it does (the meaning of every column: the notes printed under the table):
   1. Write overhead, for save_interval 1 and 100: bench/pytorch_overhead.py in .venv-legacy with
      ``--lib none,mltrace,smdebug`` (interleaved runs in one process: the side-by-side numbers the
      targets are judged on) and in .venv with ``--lib none,mltrace``.
@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import protocol
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -69,7 +71,7 @@ def git_state() -> dict[str, Any]:
         return proc.stdout.strip() if proc.returncode == 0 else ""
 
     return {
-        "commit": git("rev-parse", "HEAD"),
+        "commit": protocol.commit(),
         "mltrace_dirty": bool(git("status", "--short", "mltrace")),
     }
 
@@ -196,7 +198,7 @@ def read_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             )
         }
         if r.get("n_values"):
-            # The issue's metric: create_trial + every value(), per value.
+            # The end-to-end metric: create_trial + every value(), per value.
             row["end_to_end_per_value_ms"] = (
                 r["open_s"] * 1000.0 + r["per_value_ms"] * r["n_values"]
             ) / r["n_values"]
@@ -276,7 +278,7 @@ NOTES = [
     "processes' load hardly moves (a cross-check; smdebug also waits on I/O, not counted there).",
     "Read: open s = create_trial + listing the weight tensors and their steps (smdebug's first",
     "listing of a finished job sleeps ~1 s); ms/value = value() alone; e2e ms/v = (open + every",
-    "value()) / values, the issue's 'create_trial + value()' metric; x value / x e2e = smdebug's",
+    "value()) / values, the 'create_trial + value()' metric; x value / x e2e = smdebug's",
     "time over this reader's on the same trial.",
 ]
 
@@ -291,7 +293,7 @@ def render(report: dict[str, Any]) -> str:
         ),
         (
             f"median of {m['runs']} runs after 1 warm-up; {m['cpu_count']} CPUs, load average "
-            f"{m['loadavg_start']} at start, {m['loadavg_end']} at end"
+            f"{m['loadavg_start']} at start, {m['loadavg_end']} at end; commit {m['git']['commit']}"
         ),
         "",
         "Write overhead, ms/step (loop + hook.close()); +added = minus no hook of the same process",
@@ -376,7 +378,9 @@ def main(argv: list[str] | None = None) -> int:
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="mltrace-bench-pytorch-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    load_start = os.getloadavg()
+    protocol.warn_if_busy()
+    machine = protocol.machine()
+    load_start = protocol.load_average()
     started = time.time()
     try:
         over = overhead(pythons, args.steps, args.runs)
@@ -397,11 +401,12 @@ def main(argv: list[str] | None = None) -> int:
             "smdebug_version": legacy_any["results"]["smdebug"]["version"],
             "mltrace_version": legacy_any["results"]["mltrace"]["version"],
             "env": {"main": over[str(INTERVALS[0])]["main"]["env"], "legacy": legacy_any["env"]},
-            "cpu_count": os.cpu_count(),
+            "cpu_count": machine["cores"],
             "platform": platform.platform(),
-            "loadavg_start": " ".join(f"{v:.2f}" for v in load_start),
-            "loadavg_end": " ".join(f"{v:.2f}" for v in os.getloadavg()),
+            "loadavg_start": f"{load_start:.2f}",
+            "loadavg_end": f"{protocol.load_average():.2f}",
             "git": git_state(),
+            "machine": machine,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
             "wall_s": round(time.time() - started, 1),
             "targets": {"overhead_ratio_max": OVERHEAD_TARGET, "read_speedup_min": READ_TARGET},

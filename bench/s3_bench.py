@@ -22,7 +22,7 @@ credentials; bench/_support.py) and stops it by PID at the end.
    (create_trial + steps()), ms per value with and without the open, and the speed-up of mltrace
    over smdebug against the target of 10x.
 
-Protocol (bench/README.md): one warm-up, then ``--runs`` measured runs (5), medians.
+Protocol (bench/protocol.py): one warm-up, then ``--runs`` measured runs (5), medians.
 smdebug reads slowly (per value a new boto3 client and a ListObjectsV2 of all of events/: about
 5 minutes for 1000 values on 2 busy cores), so a median of five makes no sense there: its warm-up
 reads the first ``--smdebug-warmup-values`` (20) values and ``--smdebug-runs`` (1) full runs are
@@ -40,17 +40,18 @@ Example:
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
-import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from typing import Any
+
+import protocol
 
 os.environ.setdefault("MLTRACE_LOG_LEVEL", "error")
 os.environ.setdefault("SMDEBUG_LOG_LEVEL", "error")
@@ -203,17 +204,20 @@ def bench_write(bucket: str, workload: str, runs: int, tmp: str) -> dict[str, An
 
     spilled: list[str] = []  # files the writer kept on local disk while its queue was full
     ways = {"mltrace": mltrace_run, "put_object": put_run, "upload_file": upload_run}
-    times: dict[str, list[float]] = {w: [] for w in ways}
-    for run in range(runs + 1):  # run 0 is the warm-up; measured runs interleave the three ways
-        for way, fn in ways.items():
-            gc.collect()
-            elapsed = fn(f"write/{workload}/{way}/{run}")
-            if run:
-                times[way].append(elapsed)
+    done = dict.fromkeys(ways, 0)  # runs made each way (the first, run 0, is the warm-up)
+
+    def timed(way: str) -> float:
+        gc.collect()
+        elapsed = ways[way](f"write/{workload}/{way}/{done[way]}")
+        done[way] += 1
+        return elapsed
+
+    # the warm-up of each way, then measured run k of each in turn
+    times = protocol.interleaved({way: functools.partial(timed, way) for way in ways}, runs)
     out: dict[str, Any] = {"files": len(files), "bytes": total, "steps": WORKLOADS[workload][0]}
-    for way, ts in times.items():
-        med = statistics.median(ts)
-        out[way] = {"median_s": med, "runs_s": ts, "MB_per_s": total / med / 1e6,
+    for way, m in times.items():
+        med = m.median
+        out[way] = {"median_s": med, "runs_s": m.runs, "MB_per_s": total / med / 1e6,
                     "files_per_s": len(files) / med}
     out["mltrace_vs_put_object"] = out["put_object"]["median_s"] / out["mltrace"]["median_s"]
     out["mltrace_spilled_files_per_run"] = len(spilled) / (runs + 1)
@@ -310,9 +314,11 @@ def reader_main(argv: list[str]) -> int:
         from _support import install_seaweedfs_listing_fix
 
         install_seaweedfs_listing_fix()  # SeaweedFS 4.48's listing bug, see there
+    # the warm-up may read fewer values than a measured run (smdebug's reads take minutes)
     warmup = read_once(args.lib, args.uri, args.tensor, "value" if args.warmup_values else args.how,
                        args.warmup_values or None)
-    runs = [read_once(args.lib, args.uri, args.tensor, args.how) for _ in range(args.runs)]
+    runs = protocol.interleaved({"read": functools.partial(
+        read_once, args.lib, args.uri, args.tensor, args.how)}, args.runs, warmup=False)["read"].runs
     print(json.dumps({"warmup": warmup, "runs": runs}))
     return 0
 
@@ -330,7 +336,7 @@ def run_reader(python: str, lib: str, uri: str, how: str, runs: int, timeout: fl
 
     def med(key: str) -> float | None:
         vals = [r[key] for r in runs_ if r[key] is not None]
-        return statistics.median(vals) if vals else None
+        return protocol.median(vals) if vals else None
 
     return {"lib": lib, "how": how, "python": python, "n_values": runs_[0]["n"], "runs": len(runs_),
             "open_s": med("open_s"), "total_s": med("total_s"), "ms_per_value": med("ms_per_value"),
@@ -344,7 +350,8 @@ def run_reader(python: str, lib: str, uri: str, how: str, runs: int, timeout: fl
 
 def print_table(report: dict[str, Any]) -> None:
     print(f"\nS3 benchmark on {report['env']['server']} ({report['env']['cpus']} CPUs, load "
-          f"{report['env']['load_start']} -> {report['env']['load_end']})")
+          f"{report['env']['load_start']} -> {report['env']['load_end']}, commit "
+          f"{report['env']['machine']['commit']})")
     print(f"\n1. Write throughput (median of {report['runs']}; same bytes each way)")
     print(f"{'workload':<9} {'files':>6} {'MB':>7} | {'way':<12} {'s':>7} {'MB/s':>8} "
           f"{'files/s':>8}")
@@ -395,9 +402,11 @@ def main(argv: list[str] | None = None) -> int:
 
     tmp = tempfile.mkdtemp(prefix="mltrace-s3-bench-")
     os.environ["MLTRACE_SPILL_DIR"] = os.path.join(tmp, "spill")
+    protocol.warn_if_busy()
+    machine = protocol.machine()
     report: dict[str, Any] = {"runs": args.runs, "env": {
-        "python": platform.python_version(), "cpus": os.cpu_count(),
-        "load_start": " ".join(f"{x:.1f}" for x in os.getloadavg())}}
+        "python": machine["python"], "cpus": machine["cores"],
+        "load_start": f"{protocol.load_average():.1f}", "machine": machine}}
     server = start_server(os.path.join(tmp, "weed"))
     try:
         report["env"]["server"] = f"SeaweedFS {_weed_version()} at {server.endpoint}"
@@ -439,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         report["read"] = read
     finally:
         server.stop()
-        report["env"]["load_end"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
+        report["env"]["load_end"] = f"{protocol.load_average():.1f}"
         shutil.rmtree(tmp, ignore_errors=True)
     if "write" not in report:
         report["write"] = {}

@@ -11,7 +11,7 @@ to a TensorBoard events file, by:
             and exporting their histograms (same buckets, binned on the writer's thread)
   mltrace_noexport  the same hook without the export (what the export itself adds)
 
-Protocol (bench/README.md): torch.set_num_threads(1), one warm-up then ``--runs``
+Protocol (bench/protocol.py): torch.set_num_threads(1), one warm-up then ``--runs``
 measured runs of every variant interleaved in one process, medians reported. A run's time covers
 the training loop and ``close()`` (all summaries on disk), measured as wall time; the training
 thread's own time (until the last step returns) is reported too.
@@ -22,10 +22,10 @@ thread's own time (until the last step returns) is reported too.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -35,6 +35,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
+
+import protocol  # noqa: E402
 
 VARIANTS = ("none", "torch", "mltrace", "mltrace_noexport")
 
@@ -91,17 +93,17 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    protocol.warn_if_busy()
+    machine = protocol.machine()
     workdir = tempfile.mkdtemp(prefix="mltrace-bench-tb-")
-    results: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
     try:
-        for v in VARIANTS:
-            run(v, args.steps, workdir)  # warm-up
-        for _ in range(args.runs):
-            for v in VARIANTS:
-                results[v].append(run(v, args.steps, workdir))
+        measured = protocol.interleaved(
+            {v: functools.partial(run, v, args.steps, workdir) for v in VARIANTS}, args.runs)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    med = {v: {k: statistics.median(r[k] for r in runs) for k in ("loop_s", "total_s")} for v, runs in results.items()}
+    results = {v: m.runs for v, m in measured.items()}
+    figures = {k: protocol.pick(measured, k) for k in ("loop_s", "total_s")}
+    med = {v: {k: figures[k][v].median for k in figures} for v in VARIANTS}
     base = med["none"]["total_s"]
     n_hist = 2 * len(list(make_model().parameters()))
     rows = []
@@ -112,12 +114,12 @@ def main() -> int:
                      "export_ms_per_step": 1000 * (m["total_s"] - base) / args.steps,
                      "vs_torch_export": ((m["total_s"] - base) / (med["torch"]["total_s"] - base)) if v != "none" else None})
     report = {"steps": args.steps, "runs": args.runs, "histograms_per_step": n_hist, "rows": rows, "raw": results,
-              "loadavg": os.getloadavg()}
+              "loadavg": protocol.load_average(), "machine": machine}
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
     print(f"{args.steps} steps, {n_hist} histograms/step (MLP 256-512-256-10 weights+gradients), "
-          f"median of {args.runs} runs, load {os.getloadavg()[0]:.2f}")
+          f"median of {args.runs} runs, load {protocol.load_average():.2f}, commit {machine['commit']}")
     print(f"{'variant':18} {'ms/step':>9} {'loop ms/step':>13} {'added ms/step':>14} {'vs torch':>9}")
     for r in rows:
         ratio = "" if r["vs_torch_export"] is None else f"{r['vs_torch_export']:.2f}"

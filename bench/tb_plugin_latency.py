@@ -12,7 +12,7 @@
    Cold (``--cold-runs``, default 1: each reads 1M records): a fresh plugin, the first answer
    (opening the trial, then 1 s of reading, coarse first) and the asks until every step is in.
 
-Protocol (bench/README.md): one warm-up then ``--runs`` measured runs, medians. Cold
+Protocol (bench/protocol.py): one warm-up then ``--runs`` measured runs, medians. Cold
 numbers use a fresh plugin (and, for the trial, a fresh Trial) each run; the OS page cache is warm.
 
     .venv/bin/python bench/tb_plugin_latency.py [--runs 5] [--json] [--workdir DIR --keep]
@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -38,6 +37,8 @@ from mltrace.modes import ModeKeys  # noqa: E402
 from mltrace.reductions import reduction_tensor_name  # noqa: E402
 from mltrace.storage import open_storage  # noqa: E402
 from mltrace.writer import TrialWriter  # noqa: E402
+
+import protocol  # noqa: E402
 
 REDUCTIONS = ("min", "max", "mean", "l2")
 
@@ -93,7 +94,7 @@ def client_for(root: str):
     from werkzeug import Request, Response
     from werkzeug.test import Client
 
-    from tb_plugin.plugin import MltracePlugin
+    from mltrace_tb.plugin import MltracePlugin
 
     plugin = MltracePlugin(base_plugin.TBContext(), mltrace_logdirs=[root])
     apps = plugin.get_plugin_apps()
@@ -115,8 +116,8 @@ def client_for(root: str):
 
 def bench_tensor_route(root: str, runs: int) -> dict:
     trial_name = "t100x1000"
-    samples: dict[str, list[float]] = {"open_trial_s": [], "cold_series_s": [], "warm_series_s": []}
-    for i in range(runs + 1):
+
+    def one() -> dict[str, float]:
         plugin, get = client_for(root)
         start = time.perf_counter()
         plugin.trial(trial_name)
@@ -124,18 +125,16 @@ def bench_tensor_route(root: str, runs: int) -> dict:
         cold, body = get("/series", run=trial_name, tensor="layer042.weight")
         steps = body["runs"][0]["modes"]["TRAIN"]["steps"]
         assert len(steps) == 1000 and "downsampled" not in body["runs"][0]["modes"]["TRAIN"]
-        warm = statistics.median(get("/series", run=trial_name, tensor="layer042.weight")[0] for _ in range(5))
-        if i:  # the first pass is the warm-up
-            samples["open_trial_s"].append(opened)
-            samples["cold_series_s"].append(cold)
-            samples["warm_series_s"].append(warm)
-    return {k: statistics.median(v) for k, v in samples.items()} | {"raw": samples}
+        warm = protocol.median(get("/series", run=trial_name, tensor="layer042.weight")[0] for _ in range(5))
+        return {"open_trial_s": opened, "cold_series_s": cold, "warm_series_s": warm}
+
+    measured = protocol.interleaved({"tensor": one}, runs)  # the first pass is the warm-up
+    samples = {k: protocol.pick(measured, k)["tensor"] for k in ("open_trial_s", "cold_series_s", "warm_series_s")}
+    return {k: m.median for k, m in samples.items()} | {"raw": {k: m.runs for k, m in samples.items()}}
 
 
 def bench_first_panel(root: str, runs: int) -> dict:
-    samples: list[float] = []
-    parts: list[dict] = []
-    for i in range(runs + 1):
+    def one() -> dict[str, float]:
         _, get = client_for(root)
         t_runs, body = get("/runs")
         name = [r["name"] for r in body["runs"] if r["name"] == "t10x10000"][0]
@@ -143,11 +142,13 @@ def bench_first_panel(root: str, runs: int) -> dict:
         first = info["tensors"][0]
         t_series, series = get("/series", run=name, tensor=first)
         assert len(series["runs"][0]["modes"]["TRAIN"]["steps"]) == 10_000
-        if i:
-            samples.append(t_runs + t_run + t_series)
-            parts.append({"runs_s": t_runs, "run_s": t_run, "series_s": t_series})
-    return {"first_panel_s": statistics.median(samples),
-            "parts_median": {k: statistics.median(p[k] for p in parts) for k in parts[0]}, "raw": parts}
+        return {"runs_s": t_runs, "run_s": t_run, "series_s": t_series}
+
+    measured = protocol.interleaved({"panel": one}, runs)  # the first pass is the warm-up
+    parts = measured["panel"].runs
+    return {"first_panel_s": protocol.median(p["runs_s"] + p["run_s"] + p["series_s"] for p in parts),
+            "parts_median": {k: protocol.pick(measured, k)["panel"].median for k in parts[0]},
+            "raw": parts}
 
 
 def open_overview(get) -> tuple[float, dict]:
@@ -161,10 +162,7 @@ def open_overview(get) -> tuple[float, dict]:
 
 
 def bench_overview(root: str, runs: int, cold_runs: int) -> dict:
-    cold_first: list[float] = []
-    cold_all: list[float] = []
-    asks: list[int] = []
-    for _ in range(cold_runs):
+    def cold() -> tuple[float, float, int]:  # (first answer, every step in, asks)
         _, get = client_for(root)
         start = time.perf_counter()
         first, ov = open_overview(get)
@@ -172,18 +170,19 @@ def bench_overview(root: str, runs: int, cold_runs: int) -> dict:
         while not ov["complete"]:
             ov = get("/overview", run="g200x5000", columns="1000")[1]
             n += 1
-        cold_first.append(first)
-        cold_all.append(time.perf_counter() - start)
-        asks.append(n)
+        return first, time.perf_counter() - start, n
+
+    colds = protocol.interleaved({"cold": cold}, cold_runs, warmup=False)  # each one a first
+    cold_first, cold_all, asks = (protocol.pick(colds, i)["cold"] for i in range(3))
     _, get = client_for(root)
     ov = open_overview(get)[1]
     while not ov["complete"]:  # the warm-up: every step read once
         ov = get("/overview", run="g200x5000", columns="1000")[1]
-    warm = [open_overview(get)[0] for _ in range(runs)]
+    warm = protocol.interleaved({"warm": lambda: open_overview(get)[0]}, runs, warmup=False)["warm"]
     assert ov["steps"] == 5000 and sum(sum(r["count"]) for r in ov["rows"]) == 200 * 5000
-    return {"warm_s": statistics.median(warm), "cold_first_s": statistics.median(cold_first),
-            "cold_complete_s": statistics.median(cold_all), "cold_asks": asks,
-            "raw": {"warm": warm, "cold_first": cold_first, "cold_complete": cold_all}}
+    return {"warm_s": warm.median, "cold_first_s": cold_first.median,
+            "cold_complete_s": cold_all.median, "cold_asks": asks.runs,
+            "raw": {"warm": warm.runs, "cold_first": cold_first.runs, "cold_complete": cold_all.runs}}
 
 
 def main() -> int:
@@ -197,6 +196,8 @@ def main() -> int:
     parser.add_argument("--only", choices=["overview"], default=None,
                         help="run only this part")
     args = parser.parse_args()
+    protocol.warn_if_busy()
+    machine = protocol.machine()
     workdir = args.workdir or tempfile.mkdtemp(prefix="mltrace-bench-plugin-")
     try:
         start = time.perf_counter()
@@ -214,11 +215,12 @@ def main() -> int:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
     report = {"runs": args.runs, "write_s": written, "tensor_route": tensor, "first_panel": panel,
-              "overview": over, "loadavg": os.getloadavg()}
+              "overview": over, "loadavg": protocol.load_average(), "machine": machine}
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
-    print(f"median of {args.runs} runs, load {os.getloadavg()[0]:.2f} (trials written in {written:.0f} s)")
+    print(f"median of {args.runs} runs, load {protocol.load_average():.2f} (trials written in {written:.0f} s); "
+          f"commit {machine['commit']}")
     print_overview(over)
     if tensor is None or panel is None:
         return 0

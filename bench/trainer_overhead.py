@@ -7,7 +7,7 @@ vocab 40, sequences of 16, batch 8, gradient accumulation 2) for Transformers; a
 no checkpoints, no logger (Transformers: report_to none, logging every 10 steps). The callback
 saves weights, biases, gradients, losses and the logged metrics.
 
-Protocol (bench/README.md), side by side in one process: configurations interleaved round by
+Protocol (bench/protocol.py), side by side in one process: configurations interleaved round by
 round (one warm-up round, then ``--runs`` measured rounds), medians reported. A run builds a
 fresh model and trainer (not timed), then times ``train()``/``fit`` plus ``callback.close()``
 (close waits for the background writer: deferred work is counted). Columns: ms/step (median
@@ -28,7 +28,6 @@ import functools
 import logging
 import os
 import shutil
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -41,6 +40,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 import mltrace  # noqa: E402
+
+import protocol  # noqa: E402
 
 COLLECTIONS = ["weights", "biases", "gradients", "losses", "metrics"]
 CONFIGS = {"none": None, "interval 1000": 1000, "interval 1": 1}
@@ -153,31 +154,25 @@ def run_lightning(steps: int, interval: int | None, work: str) -> float:
 
 
 def measure(name: str, fn: Callable[[int, int | None, str], float], steps: int, runs: int) -> None:
-    times: dict[str, list[float]] = {c: [] for c in CONFIGS}
-    paired: dict[str, list[float]] = {c: [] for c in CONFIGS}
-    inside: dict[str, list[float]] = {c: [] for c in CONFIGS}
-    for round_ in range(runs + 1):
-        row = {}
-        for config, interval in CONFIGS.items():
-            work = tempfile.mkdtemp(prefix="mltrace-trainer-bench-")
-            try:
-                row[config] = fn(steps, interval, work)
-            finally:
-                shutil.rmtree(work, ignore_errors=True)
-            if round_:
-                inside[config].append(_inside["seconds"] / steps)
-        if round_ == 0:
-            continue  # warm-up
-        for config, value in row.items():
-            times[config].append(value)
-            paired[config].append(value / row["none"] - 1)
-    base = statistics.median(times["none"])
-    print(f"\n{name}: {steps} optimizer steps, {runs} runs (median), load {os.getloadavg()[0]:.2f}")
+    def run(interval: int | None) -> tuple[float, float]:  # (s/step, s/step inside mltrace)
+        work = tempfile.mkdtemp(prefix="mltrace-trainer-bench-")
+        try:
+            per_step = fn(steps, interval, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return per_step, _inside["seconds"] / steps
+
+    measured = protocol.interleaved(
+        {config: functools.partial(run, interval) for config, interval in CONFIGS.items()}, runs)
+    times, inside = protocol.pick(measured, 0), protocol.pick(measured, 1)
+    base = times["none"].median
+    print(f"\n{name}: {steps} optimizer steps, {runs} runs (median), load {protocol.load_average():.2f}")
     print(f"{'configuration':<16}{'ms/step':>10}{'overhead':>10}{'paired':>10}{'self ms':>10}{'self':>8}")
     for config in CONFIGS:
-        med = statistics.median(times[config])
-        own = statistics.median(inside[config])
-        print(f"{config:<16}{med * 1e3:>10.2f}{med / base - 1:>+10.1%}{statistics.median(paired[config]):>+10.1%}"
+        med = times[config].median
+        own = inside[config].median
+        paired = protocol.median(r - 1 for r in protocol.paired(times, "none", config))
+        print(f"{config:<16}{med * 1e3:>10.2f}{med / base - 1:>+10.1%}{paired:>+10.1%}"
               f"{own * 1e3:>10.3f}{own / (med - own):>+8.1%}")
 
 
@@ -189,6 +184,8 @@ def main() -> None:
     parser.add_argument("--pl-steps", type=int, default=300)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    protocol.warn_if_busy()
+    print(f"commit {protocol.commit()}")
     _instrument()
     if args.only in (None, "transformers"):
         measure("Transformers Trainer (tiny BERT, accumulation 2)", run_transformers, args.hf_steps, args.runs)

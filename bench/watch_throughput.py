@@ -9,7 +9,8 @@ state of every trial (``mltrace_watch/``, ``mltrace_rules/``) and times a watche
 (``Watcher.run(exit_when_done=True)``) from start to the last execution's end. No MLflow: what
 is timed is discovery, scheduling and rule evaluation.
 
-With ``--rounds N`` the two executors alternate N times and the best run of each is reported
+With ``--rounds N`` the two executors alternate N times (bench/protocol.py's ``interleaved``, no
+warm-up run) and the best run of each is reported
 (the pool's processes and Ray's workers are then both warm after the first round). Reported:
 wall time per executor, rule executions per second, trials per minute one watcher
 sustains, and Ray's cost per execution, (Ray wall - pool wall) / executions, beside the round
@@ -32,6 +33,8 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+import protocol
 
 os.environ.setdefault("MLTRACE_LOG_LEVEL", "error")
 os.environ.pop("MLFLOW_TRACKING_URI", None)
@@ -126,6 +129,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=1,
                    help="pool and Ray runs, interleaved; the best of each is reported")
     args = p.parse_args()
+    protocol.warn_if_busy()
+    machine = protocol.machine()
 
     from _support import SeaweedS3, stop
 
@@ -140,7 +145,7 @@ def main() -> None:
     try:
         client = s3.client()
         client.create_bucket(Bucket=BUCKET)
-        load0 = os.getloadavg()[0]
+        load0 = protocol.load_average()
         t0 = time.perf_counter()
         write_trials(args.trials, args.steps)
         write_s = time.perf_counter() - t0
@@ -150,17 +155,27 @@ def main() -> None:
         from mltrace.watch.ray_executor import RayExecutor
 
         ray_proc, address, ray_temp = start_ray(args.cap, dict(os.environ))
-        runs: dict[str, list[dict]] = {"pool": [], "ray": []}
         empty_ms = 0.0
-        for _ in range(args.rounds):  # interleaved, so that the machine's load hits both alike
+
+        def pool_run() -> dict:
             clear_state(client, args.trials)
-            runs["pool"].append(time_watcher(LocalPoolExecutor(args.cap), args.cap))
-            print(f"local pool: {runs['pool'][-1]}", flush=True)
+            result = time_watcher(LocalPoolExecutor(args.cap), args.cap)
+            print(f"local pool: {result}", flush=True)
+            return result
+
+        def ray_run() -> dict:
+            nonlocal empty_ms
             clear_state(client, args.trials)
             ray_exec = RayExecutor(address, num_cpus=1.0)
             empty_ms = empty_ms or empty_task_ms()
-            runs["ray"].append(time_watcher(ray_exec, args.cap))  # shuts the driver down
-            print(f"ray: {runs['ray'][-1]}", flush=True)
+            result = time_watcher(ray_exec, args.cap)  # shuts the driver down
+            print(f"ray: {result}", flush=True)
+            return result
+
+        # interleaved, so that the machine's load hits both alike
+        measured = protocol.interleaved({"pool": pool_run, "ray": ray_run}, args.rounds,
+                                        warmup=False)
+        runs = {name: m.runs for name, m in measured.items()}
         pool = min(runs["pool"], key=lambda r: r["wall_s"])
         ray_res = min(runs["ray"], key=lambda r: r["wall_s"])
     finally:
@@ -172,7 +187,8 @@ def main() -> None:
     n = pool["executions"]
     rows = [("local pool", pool), ("Ray", ray_res)]
     print(f"\n{args.trials} finished trials x {args.steps} steps on S3, {len(RULES)} rules each "
-          f"({n} executions), {args.cap} at once; load {load0:.1f} -> {os.getloadavg()[0]:.1f}")
+          f"({n} executions), {args.cap} at once; load {load0:.1f} -> {protocol.load_average():.1f}; "
+          f"commit {machine['commit']}")
     print(f"{'executor':<12} {'wall s':>8} {'exec/s':>8} {'trials/min':>11} {'vs pool':>8}")
     for name, r in rows:
         print(f"{name:<12} {r['wall_s']:>8.1f} {r['executions'] / r['wall_s']:>8.2f} "
@@ -184,7 +200,8 @@ def main() -> None:
     with open(RESULTS, "w") as f:
         json.dump({"args": vars(args), "runs": runs, "ray_cost_ms": per_task,
                    "empty_task_ms": empty_ms, "write_s": write_s,
-                   "machine": platform.platform(), "cpus": os.cpu_count()}, f, indent=1)
+                   "machine": platform.platform(), "cpus": machine["cores"],
+                   "measured_on": machine}, f, indent=1)
 
 
 if __name__ == "__main__":

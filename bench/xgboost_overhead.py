@@ -10,14 +10,14 @@ so that all see the same machine state):
 
 - ``none``: ``xgb.train`` with no hook;
 - ``mltrace/1``, ``mltrace/100``: ``mltrace.xgboost.Hook`` with its defaults (collection
-  metrics) saving every round and every 100 rounds. The issue's target: mltrace/100 under 5%
-  above none.
+  metrics) saving every round and every 100 rounds. The target: mltrace/100 under 5% above
+  none.
 - with ``--extra`` (informative, not a target): ``all/1``, ``all/100``: every XGBoost collection
   (metrics, losses, hyperparameters, predictions and labels on the validation set, feature
   importance, trees, full and average SHAP on a 200-row sample of the training set; exact
   TreeSHAP is by far XGBoost's most expensive call here).
 
-Protocol (bench/README.md): one thread (``nthread=1``, OMP/MKL threads 1), one warm-up
+Protocol (bench/protocol.py): one thread (``nthread=1``, OMP/MKL threads 1), one warm-up
 and ``--runs`` (5) measured runs per configuration, the median reported. A run is: a fresh hook
 on a fresh out_dir, ``xgb.train``, then ``hook.close()``, all timed (close() waits for the
 background writer, so deferred work is counted). Wall time per round and process CPU time per
@@ -27,8 +27,8 @@ level. On a loaded machine the wall ratios of a few percent are within run-to-ru
 them next to the CPU ratio and hook ms.
 
 smdebug is not in the table: its only environment here (.venv-legacy, numpy<2) has no xgboost,
-and its XGBoost hook imports pkg_resources and xgboost.rabit-era APIs; the issue's target is
-relative to no hook.
+and its XGBoost hook imports pkg_resources and xgboost.rabit-era APIs; the target is relative
+to no hook.
 
 Example:
     .venv/bin/python bench/xgboost_overhead.py              # about 1-2 minutes on one core
@@ -38,13 +38,11 @@ Example:
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
-import platform
 import shutil
-import statistics
-import sys
 import tempfile
 import time
 from typing import Any
@@ -58,6 +56,8 @@ import xgboost as xgb  # noqa: E402
 
 import mltrace  # noqa: E402
 import mltrace.xgboost as smd  # noqa: E402
+
+import protocol  # noqa: E402
 
 PARAMS = {"objective": "reg:squarederror", "max_depth": 6, "eta": 0.1, "nthread": 1,
           "tree_method": "hist", "seed": 0}
@@ -143,20 +143,17 @@ def benchmark(rounds: int, runs: int, rows: int, features: int, extra: bool,
         finally:
             shutil.rmtree(out_dir, ignore_errors=True)
 
-    warmup = {name: timed(name) for name in cfgs}
-    measured: dict[str, list[tuple[float, float, float]]] = {name: [] for name in cfgs}
-    for _ in range(runs):
-        for name in cfgs:
-            measured[name].append(timed(name))
+    measured = protocol.interleaved({name: functools.partial(timed, name) for name in cfgs}, runs)
+    wall, cpu, hook = (protocol.pick(measured, i) for i in range(3))
     return {
         name: {
-            "ms_per_round": statistics.median(w for w, _, _ in measured[name]),
-            "cpu_ms_per_round": statistics.median(c for _, c, _ in measured[name]),
-            "hook_ms_per_round": statistics.median(h for _, _, h in measured[name]),
-            "runs_ms_per_round": [w for w, _, _ in measured[name]],
-            "runs_cpu_ms_per_round": [c for _, c, _ in measured[name]],
-            "runs_hook_ms_per_round": [h for _, _, h in measured[name]],
-            "warmup_ms_per_round": warmup[name][0],
+            "ms_per_round": wall[name].median,
+            "cpu_ms_per_round": cpu[name].median,
+            "hook_ms_per_round": hook[name].median,
+            "runs_ms_per_round": wall[name].runs,
+            "runs_cpu_ms_per_round": cpu[name].runs,
+            "runs_hook_ms_per_round": hook[name].runs,
+            "warmup_ms_per_round": wall[name].warmup,
         }
         for name in cfgs
     }
@@ -169,7 +166,7 @@ def table(report: dict[str, Any]) -> str:
         f"XGBoost {report['env']['xgboost']}, mltrace {report['env']['mltrace']}: "
         f"{report['rounds']} rounds, "
         f"{report['rows']} x {report['features']} rows, nthread=1, median of {report['runs']} runs "
-        f"(load {report['load_start']} -> {report['load_end']})",
+        f"(load {report['load_start']} -> {report['load_end']}; commit {report['machine']['commit']})",
         f"{'config':<13}{'ms/round':>10}{'+added':>9}{'ratio':>8}{'cpu ms':>9}{'cpu ratio':>11}"
         f"{'hook ms':>9}{'hook ratio':>12}",
     ]
@@ -204,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.rounds < 1 or args.runs < 1 or args.rows < 1000:
         parser.error("--rounds and --runs must be >= 1, --rows >= 1000")
 
-    load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    protocol.warn_if_busy()
+    machine = protocol.machine()
+    load_start = protocol.load_average()
     workdir = tempfile.mkdtemp(prefix="mltrace-xgb-bench-")
     try:
         results = benchmark(args.rounds, args.runs, args.rows, args.features, args.extra, workdir)
@@ -213,11 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "rounds": args.rounds, "runs": args.runs, "rows": args.rows, "features": args.features,
         "params": PARAMS, "results": results,
-        "load_start": None if load_start is None else round(load_start, 2),
-        "load_end": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-        "env": {"python": platform.python_version(), "xgboost": xgb.__version__,
-                "mltrace": mltrace.__version__, "numpy": np.__version__, "cpu_count": os.cpu_count(),
-                "executable": sys.executable},
+        "load_start": round(load_start, 2),
+        "load_end": round(protocol.load_average(), 2),
+        "env": {"python": machine["python"], "xgboost": xgb.__version__,
+                "mltrace": mltrace.__version__, "numpy": np.__version__, "cpu_count": machine["cores"],
+                "executable": machine["executable"]},
+        "machine": machine,
     }
     if args.results:
         os.makedirs(os.path.dirname(os.path.abspath(args.results)), exist_ok=True)

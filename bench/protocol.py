@@ -1,0 +1,168 @@
+"""The benchmarks' one way of measuring: settings run interleaved, medians reported with their
+spread, the machine's load checked before and after, and the machine and commit named.
+
+Why interleaved: on a 2-core machine another process (a test suite, a package install) moves
+every setting's time; run k of each setting in turn, each sees the same machine state, so the
+ratios between settings stay honest even when the absolute times drift. A warm-up run of each
+setting comes first and is not counted (first-call costs: imports, allocator, caches).
+
+The bench scripts import this module as ``protocol`` (a script's own folder is first on
+``sys.path``). It imports only the standard library, so that it loads in every venv.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: A one-minute load average above this many runnable processes per core says that something
+#: else runs on the machine: the figures are then marked, not trusted.
+BUSY_LOAD_PER_CORE = 0.5
+
+
+@dataclass
+class Measured:
+    """The measured runs of one setting (its warm-up apart), in the unit the setting returns."""
+
+    runs: list[float] = field(default_factory=list)
+    warmup: float | None = None
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.runs)
+
+    @property
+    def spread(self) -> tuple[float, float]:
+        """(smallest, largest) measured run."""
+        return min(self.runs), max(self.runs)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"median": self.median, "min": self.spread[0], "max": self.spread[1],
+                "runs": list(self.runs), "warmup": self.warmup}
+
+
+def interleaved(settings: Mapping[str, Callable[[], float]], runs: int,
+                warmup: bool = True) -> dict[str, Measured]:
+    """Call each setting once to warm up (unless ``warmup`` is False), then ``runs`` times, the
+    settings in turn (run k of each before run k+1 of any); a call returns its measurement."""
+    measured = {name: Measured() for name in settings}
+    if warmup:
+        for name, run in settings.items():
+            measured[name].warmup = run()
+    for _ in range(runs):
+        for name, run in settings.items():
+            measured[name].runs.append(run())
+    return measured
+
+
+def added(measured: Mapping[str, Measured], baseline: str) -> dict[str, float]:
+    """Each setting's median minus the baseline's (the time a setting adds to it)."""
+    base = measured[baseline].median
+    return {name: m.median - base for name, m in measured.items() if name != baseline}
+
+
+def added_runs(measured: Mapping[str, Measured], baseline: str, name: str) -> list[float]:
+    """Run k of ``name`` minus run k of the baseline, for every k: what the setting added in
+    each round (its spread says how far one round's ratio can be trusted)."""
+    return [a - b for a, b in zip(measured[name].runs, measured[baseline].runs)]
+
+
+def load_per_core() -> float:
+    """The one-minute load average per core (0.0 where the OS does not say)."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        return 0.0
+
+
+def commit() -> str:
+    """The checked-out commit (with ``+`` when the tree has changes), or "unknown"."""
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (rev + ("+" if dirty else "")) or "unknown"
+
+
+def cpu_model() -> str:
+    """The processor's model name (Linux), else what ``platform`` says."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine(extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What the figures came from: processor, cores, Python, the commit, the load before."""
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
+            "executable": sys.executable, "commit": commit(),
+            "load_per_core": round(load_per_core(), 2), **(extra or {})}
+
+
+def warn_if_busy(stream: Any = sys.stderr) -> bool:
+    """Print a warning when the machine looks busy; True if it does."""
+    load = load_per_core()
+    if load > BUSY_LOAD_PER_CORE:
+        print(f"warning: load average {load:.2f} per core: something else runs on this machine; "
+              "ratios measured now are not to be trusted", file=stream)
+        return True
+    return False
+
+
+def timed(run: Callable[[], Any]) -> float:
+    """Seconds ``run()`` takes (perf_counter)."""
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
+
+
+def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
+    """A Markdown table of ``rows`` (cells turned to text as they are)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# -- helpers several scripts share (added with the port of the bench scripts) ----------------------
+
+def pick(measured: Mapping[str, Measured], key: Any) -> dict[str, Measured]:
+    """Where a setting's run returns several figures (a mapping or a tuple): each setting's runs,
+    and warm-up, of the one figure ``key``."""
+    return {name: Measured([run[key] for run in m.runs],
+                           None if m.warmup is None else m.warmup[key])
+            for name, m in measured.items()}
+
+
+def paired(measured: Mapping[str, Measured], baseline: str, name: str) -> list[float]:
+    """Run k of ``name`` divided by run k of the baseline, for every k: the two ran seconds
+    apart, so a machine that slows down for a while moves both sides of each ratio alike."""
+    return [a / b for a, b in zip(measured[name].runs, measured[baseline].runs)]
+
+
+def median(values: Iterable[float]) -> float:
+    """The median of ``values`` (a script's figures that are not runs of one setting)."""
+    return statistics.median(values)
+
+
+def load_average() -> float:
+    """The one-minute load average of the whole machine (0.0 where the OS does not say); the
+    scripts record it before and after their runs."""
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return 0.0
