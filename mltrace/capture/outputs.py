@@ -69,6 +69,8 @@ class Outputs:
         #: Reductions started this step (name, items, adapter's handle), written at its end.
         self._reductions: list[tuple[str, ReductionItems, Any]] = []
         self._unsupported: set[str] = set()
+        #: (tensor name, reduction items) -> the reductions' tensor names, made once per tensor
+        self._reduction_names: dict[tuple[str, tuple[tuple[str, bool], ...]], list[str]] = {}
         self._collections_written = False
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -261,15 +263,22 @@ class Outputs:
         return array
 
     def _write_reductions(self) -> None:
-        """Write the step's reductions, their results moved to the host together."""
+        """Write the step's reductions, their results moved to the host together and encoded
+        together (one wall time for all)."""
         if not self._reductions:
             return
         started, self._reductions = self._reductions, []
         results = self._adapter.reductions_to_host([handle for _, _, handle in started])
+        names = self._reduction_names
+        records = []
         for (name, items, _), values in zip(started, results):
-            for (red, abs_), result in zip(items, values):
-                if result is not None:
-                    self._write_record(reduction_tensor_name(name, red, abs_), result)
+            key = (name, tuple(items))
+            tags = names.get(key)
+            if tags is None:
+                tags = names[key] = [reduction_tensor_name(name, red, abs_) for red, abs_ in items]
+            records += [(tag, result) for tag, result in zip(tags, values) if result is not None]
+        assert self.writer is not None
+        self.writer.add_tensors(records, self._clock.mode, self._clock.mode_step)
 
     def _write_record(self, name: str, array: np.ndarray, wall_time: float | None = None) -> None:
         assert self.writer is not None
@@ -278,7 +287,7 @@ class Outputs:
     # -- sinks ----------------------------------------------------------------------------------
     def add_sinks(self, sinks: dict[str, dict[str, Any]], hook: Any) -> None:
         """Create the tracking sinks named in ``sinks`` (name -> options) through the plugin
-        registry (the MLflow sink lives in mlflow_plugin, which core does not name)."""
+        registry (the MLflow sink lives in mltrace_mlflow, which core does not name)."""
         from mltrace import plugins  # entry points are read only by hooks that log somewhere
 
         self.sinks.extend(plugins.create_sink(name, hook, dict(options)) for name, options in sinks.items())

@@ -33,7 +33,7 @@ def _plugin_data(name: str, content: str) -> bytes:
     return w.len_field(1, w.len_field(1, name.encode()) + w.len_field(2, content.encode()))
 
 
-def _metadata_field(mode: ModeKeys, mode_step: int) -> bytes:
+def metadata_field(mode: ModeKeys, mode_step: int) -> bytes:
     """Value.metadata: smdebug's two plugin_data entries, mode_step then mode. The mode step
     changes every step, so only its decimal digits are encoded per call; the rest is cached."""
     digits = b"%d" % mode_step
@@ -66,7 +66,7 @@ def _event_fields(wall_time: float, step: int) -> bytes:
     return head + w.varint_field(2, step) if step else head
 
 
-def _heads_before_value(wall_time: float, step: int, value_length: int) -> bytes:
+def heads_before_value(wall_time: float, step: int, value_length: int) -> bytes:
     """An Event's bytes before the one Summary.Value of ``value_length`` bytes it holds: its
     own fields, the summary's key and length, the value's key and length (lengths computed,
     so the value is not copied into each enclosing message)."""
@@ -94,14 +94,14 @@ def tensor_event_parts(
     after them): each enclosing message's length is computed, not found by building it, so
     the values are not copied once per message (see mltrace.format.tensors.tensor_parts)."""
     tensor_head, content = tensor_parts(tag, array)
-    metadata = _metadata_field(mode, mode_step)
-    value_head = _value_head(tag, tensor_head, len(content))
-    value_len = len(value_head) + len(content) + len(metadata)
-    return _heads_before_value(wall_time, step, value_len) + value_head, content, metadata
+    metadata = metadata_field(mode, mode_step)
+    head = value_head(tag, tensor_head, len(content))
+    value_len = len(head) + len(content) + len(metadata)
+    return heads_before_value(wall_time, step, value_len) + head, content, metadata
 
 
 @functools.lru_cache(maxsize=8192)
-def _value_head(tag: str, tensor_head: bytes, content_length: int) -> bytes:
+def value_head(tag: str, tensor_head: bytes, content_length: int) -> bytes:
     """Value's fields before the tensor's values: its tag, the tensor's key and length, and the
     tensor's own fields before its content. A tensor's are the same every step (same name,
     dtype and shape), so they are built once; only the step, time and mode step change."""
@@ -177,9 +177,9 @@ def histogram_event_parts(tag: str, histogram: list[bytes], step: int, wall_time
     in parts: each enclosing message's length is computed, so the proto is not copied once per
     message around it."""
     histogram_length = sum(len(p) for p in histogram)
-    value_head = _tag_field(tag) + w.key(5, w.LEN) + w.varint(histogram_length)
-    value_length = len(value_head) + histogram_length
-    return [_heads_before_value(wall_time, step, value_length) + value_head, *histogram]
+    head = _tag_field(tag) + w.key(5, w.LEN) + w.varint(histogram_length)
+    value_length = len(head) + histogram_length
+    return [heads_before_value(wall_time, step, value_length) + head, *histogram]
 
 
 @dataclass

@@ -71,7 +71,7 @@ def bfloat16_dtype() -> np.dtype | None:
     return np.dtype(ml_dtypes.bfloat16)
 
 
-def _dtype_code(array: np.ndarray) -> int:
+def dtype_code(array: np.ndarray) -> int:
     code = _NUMPY_TO_DT.get(array.dtype)
     if code is not None:
         return code
@@ -144,7 +144,7 @@ def tensor_parts(tag: str, array: np.ndarray) -> tuple[bytes, bytes]:
         for item in flat:
             body += w.len_field(8, item if isinstance(item, bytes) else str(item).encode("utf-8"))
         return body, b""
-    code = DT_BFLOAT16 if isinstance(array, BFloat16Bits) else _dtype_code(array)
+    code = DT_BFLOAT16 if isinstance(array, BFloat16Bits) else dtype_code(array)
     if array.dtype.byteorder == ">":
         array = array.astype(array.dtype.newbyteorder("<"))
     content = np.ascontiguousarray(array).tobytes() if array.nbytes else b""

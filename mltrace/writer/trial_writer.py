@@ -37,17 +37,15 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TypeVar, cast
 
 import numpy as np
 
 from mltrace.exceptions import TrialWriteError
 from mltrace.format import paths
-from mltrace.format.crc32c import crc32c_extend
-from mltrace.format.events import tensor_event_parts
+from mltrace.format.event_batch import EventBatchEncoder
 from mltrace.format.index import IndexEntry, ShapeEntry, StepIndex, encode_index
-from mltrace.format.records import MAGIC_FOOTER, OVERHEAD_BYTES, record_header
 from mltrace.modes import ModeKeys
 from mltrace.storage.base import Storage
 from mltrace.writer.byte_queue import ByteQueue
@@ -102,6 +100,7 @@ class TrialWriter:
         self.batch_steps = batch_steps
         self.worker = paths.check_worker_name(worker)
         self._step: _StepFile | None = None
+        self._encoder = EventBatchEncoder()
         self._queue: ByteQueue[object] = ByteQueue(max_pending_bytes)
         self._thread: threading.Thread | None = None
         #: files that could not be written (see mltrace.writer.failure_log).
@@ -138,19 +137,23 @@ class TrialWriter:
         wall_time: float | None = None,
     ) -> None:
         """Append one tensor record to the open step."""
+        self.add_tensors(((name, value),), mode, mode_step, wall_time)
+
+    def add_tensors(self, records: Iterable[tuple[str, np.ndarray]], mode: ModeKeys, mode_step: int,
+                    wall_time: float | None = None) -> None:
+        """Append tensor records (name, value) to the open step, all with one wall time (now,
+        unless given): a step's reductions are encoded together (mltrace.format.event_batch)."""
         step = self._step
         assert step is not None, "open_step() first"
-        parts = tensor_event_parts(
-            name, value, step.step, mode, mode_step, time.time() if wall_time is None else wall_time
-        )
-        payload_length = sum(len(p) for p in parts)
-        crc = 0
-        for part in parts:
-            crc = crc32c_extend(crc, part)
-        step.parts += (record_header(payload_length), *parts, MAGIC_FOOTER)
-        length = payload_length + OVERHEAD_BYTES
-        step.index.tensors.append(IndexEntry(name, step.size, length, crc))
-        step.size += length
+        encoded = self._encoder.encode(records, step.step, mode, mode_step,
+                                       time.time() if wall_time is None else wall_time)
+        step.parts += encoded.parts
+        offset = step.size
+        entries = step.index.tensors
+        for name, length, crc in zip(encoded.names, encoded.lengths, encoded.crcs):
+            entries.append(IndexEntry(name, offset, length, crc))
+            offset += length
+        step.size = offset
 
     def record_names(self) -> set[str]:
         """Names of the records in the open step so far."""

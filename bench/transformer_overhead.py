@@ -1,0 +1,332 @@
+"""What monitoring adds to a transformer's training step: mltrace beside the same work done by
+hand with torch and numpy, and beside its peers, on a nanoGPT-style model (bench/nanogpt.py).
+
+Every setting trains the same model on the same batches (AdamW, one torch thread); the weights,
+biases and gradients of its 50 parameter tensors and the loss are what is monitored. Settings:
+
+* ``none``: no monitoring.
+* ``raw``: mltrace's hook saving the raw tensors every step (collections weights, biases,
+  gradients, losses; smdebug's ``SaveConfig(save_interval=1)``).
+* ``tofile``: by hand, the same bytes (every parameter and its gradient after ``backward()``)
+  written with numpy's ``tofile`` into one file per step on the same filesystem: the floor of
+  saving raw tensors.
+* ``reductions``: mltrace's hook saving only reductions (mean, max, min, std, l2) of the
+  weights, biases and gradients, and the loss, every step.
+* ``by_hand``: by hand, the same five reductions of every parameter and gradient after
+  ``backward()``, per tensor (``aminmax``, ``std_mean``, ``vector_norm``), stacked, one host
+  copy per step: what a user writes to have these numbers, and the yardstick of ``reductions``.
+* ``i100``: mltrace saving the raw tensors every 100 steps.
+* ``i100_recorder``: the same with the flight recorder on, at its defaults.
+* ``recorder_by_hand``: by hand, what the recorder keeps at its defaults, each step: the
+  reductions of every gradient and module output as the tensor comes (a hook per module and
+  per parameter, which is how a user reaches a module's output), stacked, read on the host.
+* ``smdebug``: real smdebug 1.0.34 saving the raw tensors every step (.venv-legacy only).
+* ``wandb``: W&B's ``watch(log="all", log_freq=1)`` in an offline run, and the loss logged
+  (.venv-bench-wandb only, see setup_wandb_env.sh).
+
+Protocol (bench/protocol.py): fresh model, optimizer, hook and out_dir per run; a run's time is
+its training loop plus ``hook.close()`` (both libraries may write in the background), per step;
+settings interleaved, a warm-up run each, the median of ``--runs`` with the spread. Settings
+that save every 100 steps run ``--long-steps`` steps (so that a save falls due as often as it
+would in training, and the recorder's ring fills); the others ``--steps``.
+
+Examples:
+    .venv/bin/python bench/transformer_overhead.py
+    .venv/bin/python bench/transformer_overhead.py --settings none,reductions,by_hand --runs 7
+    .venv-legacy/bin/python bench/transformer_overhead.py --settings none,raw,smdebug
+    .venv-bench-wandb/bin/python bench/transformer_overhead.py --settings none,raw,wandb
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+os.environ.setdefault("SMDEBUG_LOG_LEVEL", "error")
+os.environ.setdefault("MLTRACE_LOG_LEVEL", "error")
+
+import numpy as np
+import torch
+from torch import nn
+
+import protocol
+from nanogpt import GPTConfig, LanguageModelLoss, make_batches, make_model, make_optimizer
+
+COLLECTIONS = ["weights", "biases", "gradients", "losses"]
+REDUCED = ["weights", "biases", "gradients"]
+EVERY_STEP = ("none", "raw", "tofile", "reductions", "by_hand")
+LONG = ("i100", "i100_recorder", "recorder_by_hand")
+PEERS = ("smdebug", "wandb")
+SETTINGS = (*EVERY_STEP, *LONG, *PEERS)
+DEFAULT = "none,raw,tofile,reductions,by_hand,i100,i100_recorder,recorder_by_hand"
+
+
+class Monitor:
+    """What a setting adds to the training loop: ``after_backward(model)`` and
+    ``after_step(loss)`` are called in every step; ``close()`` once, inside the timed region."""
+
+    def after_backward(self, model: nn.Module) -> None:
+        pass
+
+    def after_step(self, loss: torch.Tensor) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class MltraceHook(Monitor):
+    """mltrace's (or smdebug's: same API) hook, configured as a user would."""
+
+    def __init__(self, lib: str, out_dir: str, model: nn.Module, loss: nn.Module, interval: int,
+                 reductions: bool = False, recorder: bool = False) -> None:
+        if lib == "smdebug":
+            import smdebug.pytorch as smd
+        else:
+            import mltrace.pytorch as smd  # type: ignore[no-redef]
+        options: dict[str, Any] = {"flight_recorder": True} if recorder else {}
+        self.hook = smd.Hook(out_dir=out_dir, save_config=smd.SaveConfig(save_interval=interval),
+                             include_collections=list(COLLECTIONS), **options)
+        if reductions:
+            for name in REDUCED:
+                self.hook.get_collection(name).reduction_config = smd.ReductionConfig(
+                    reductions=["mean", "max", "min", "std"], norms=["l2"])
+        self.hook.register_module(model)
+        self.hook.register_loss(loss)
+
+    def close(self) -> None:
+        self.hook.close()
+
+
+class ToFile(Monitor):
+    """Every parameter and gradient written with numpy's tofile, one file per step."""
+
+    def __init__(self, out_dir: str) -> None:
+        os.makedirs(out_dir, exist_ok=True)
+        self.out_dir, self.step = out_dir, 0
+
+    def after_backward(self, model: nn.Module) -> None:
+        with open(os.path.join(self.out_dir, f"{self.step:06d}.bin"), "wb") as f:
+            for p in model.parameters():
+                p.detach().numpy().tofile(f)
+                p.grad.numpy().tofile(f)  # type: ignore[union-attr]
+        self.step += 1
+
+
+def five(t: torch.Tensor) -> torch.Tensor:
+    """min, max, std, mean, l2 of ``t`` as one 1-d tensor, in as few kernels as torch offers."""
+    mn, mx = torch.aminmax(t)
+    std, mean = torch.std_mean(t, correction=0)
+    return torch.stack([mn, mx, std, mean, torch.linalg.vector_norm(t)])
+
+
+class ByHand(Monitor):
+    """The five reductions of every parameter and gradient, stacked, one host copy a step."""
+
+    def __init__(self) -> None:
+        self.kept: list[list[float]] = []
+
+    def after_backward(self, model: nn.Module) -> None:
+        with torch.no_grad():
+            parts = [five(t) for p in model.parameters() for t in (p, p.grad)]
+            self.kept.append(torch.cat(parts).tolist())
+
+
+class RecorderByHand(Monitor):
+    """What the flight recorder keeps at its defaults, by hand: min and max of every module
+    output (a forward hook on each module) and of every gradient (a hook on each parameter), as
+    each comes; one read on the host per step (a finite check), the last 50 steps kept."""
+
+    def __init__(self, model: nn.Module, reductions: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.parts: list[torch.Tensor] = []
+        self.ring: list[list[float]] = []
+        self.handles = [m.register_forward_hook(self._output) for m in model.modules()]
+        self.handles += [p.register_hook(self._gradient) for p in model.parameters()]
+        self.reductions = reductions
+
+    def _output(self, module: nn.Module, inputs: Any, output: Any) -> None:
+        if isinstance(output, torch.Tensor) and output.is_floating_point():
+            self.parts.append(self.reductions(output.detach()))
+
+    def _gradient(self, grad: torch.Tensor) -> None:
+        self.parts.append(self.reductions(grad))
+
+    def after_step(self, loss: torch.Tensor) -> None:
+        values = torch.cat(self.parts).tolist()
+        self.parts = []
+        if not all(np.isfinite(values)):
+            raise FloatingPointError("not finite")
+        self.ring = [*self.ring[-49:], values]
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def min_max(t: torch.Tensor) -> torch.Tensor:
+    return torch.stack(torch.aminmax(t))
+
+
+class WandbWatch(Monitor):
+    """W&B's ``watch(model, log="all", log_freq=1)`` in an offline run, the loss logged."""
+
+    def __init__(self, out_dir: str, model: nn.Module) -> None:
+        import wandb
+
+        os.makedirs(out_dir, exist_ok=True)
+        settings = wandb.Settings(console="off", x_disable_stats=True, x_disable_machine_info=True,
+                                  silent=True)
+        self.run = wandb.init(mode="offline", dir=out_dir, project="mltrace-bench", settings=settings)
+        self.run.watch(model, log="all", log_freq=1)
+
+    def after_step(self, loss: torch.Tensor) -> None:
+        self.run.log({"loss": loss.item()})
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def monitor(setting: str, out_dir: str, model: nn.Module, loss: nn.Module) -> Monitor:
+    """The setting's monitor, made before the timed region (once per job, not per step)."""
+    if setting == "none":
+        return Monitor()
+    if setting in ("raw", "smdebug"):
+        return MltraceHook("smdebug" if setting == "smdebug" else "mltrace", out_dir, model, loss, 1)
+    if setting == "reductions":
+        return MltraceHook("mltrace", out_dir, model, loss, 1, reductions=True)
+    if setting in ("i100", "i100_recorder"):
+        return MltraceHook("mltrace", out_dir, model, loss, 100, recorder=setting == "i100_recorder")
+    if setting == "tofile":
+        return ToFile(out_dir)
+    if setting == "by_hand":
+        return ByHand()
+    if setting == "recorder_by_hand":
+        return RecorderByHand(model, min_max)
+    if setting == "wandb":
+        return WandbWatch(out_dir, model)
+    raise SystemExit(f"unknown setting {setting!r}: choose from {', '.join(SETTINGS)}")
+
+
+def one_run(setting: str, batches: list[tuple[torch.Tensor, torch.Tensor]], out_dir: str) -> float:
+    """Milliseconds per step of one run: a fresh model and monitor, the loop, ``close()``."""
+    model = make_model()
+    optimizer = make_optimizer(model)
+    loss_fn = LanguageModelLoss()
+    watch = monitor(setting, out_dir, model, loss_fn)
+    gc.collect()
+    start = time.perf_counter()
+    for x, y in batches:
+        optimizer.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        watch.after_backward(model)
+        optimizer.step()
+        watch.after_step(loss)
+    watch.close()
+    elapsed = time.perf_counter() - start
+    shutil.rmtree(out_dir, ignore_errors=True)
+    return elapsed * 1000.0 / len(batches)
+
+
+def measure(settings: list[str], steps: int, long_steps: int, runs: int, workdir: str
+            ) -> dict[str, protocol.Measured]:
+    """Each setting's ms/step; settings that save every 100 steps, with the ``none`` baseline
+    again, over ``long_steps`` steps (their own interleaved group)."""
+    counter = iter(range(1_000_000))
+
+    def run(setting: str, batches: list) -> Callable[[], float]:
+        return lambda: one_run(setting, batches, os.path.join(workdir, f"{setting}_{next(counter)}"))
+
+    short = [s for s in settings if s not in LONG]
+    long = [s for s in settings if s in LONG]
+    results: dict[str, protocol.Measured] = {}
+    if short:
+        batches = make_batches(steps)
+        results.update(protocol.interleaved({s: run(s, batches) for s in short}, runs))
+    if long:
+        batches = make_batches(long_steps)
+        group = protocol.interleaved({s: run(s, batches) for s in ["none", *long]}, runs)
+        results.update({("none_long" if s == "none" else s): m for s, m in group.items()})
+    return results
+
+
+def report(results: dict[str, protocol.Measured]) -> list[str]:
+    """The ratios the targets are stated in, each from the medians of this run."""
+    def added(name: str, base: str = "none") -> float | None:
+        if name in results and base in results:
+            return results[name].median - results[base].median
+        return None
+
+    lines = []
+    pairs = [("reductions", "by_hand", "reductions / by hand (target <= 1.2)"),
+             ("raw", "tofile", "raw / numpy tofile (target <= 1.5)"),
+             ("raw", "smdebug", "mltrace / smdebug, raw every step (target <= 1/15 = 0.067)"),
+             ("raw", "wandb", "mltrace / W&B watch, raw every step (target <= 1/15 = 0.067)")]
+    for ours, theirs, what in pairs:
+        a, b = added(ours), added(theirs)
+        if a is not None and b is not None and b > 0:
+            lines.append(f"{what}: {a:.2f} / {b:.2f} ms = {a / b:.2f}")
+    base = results.get("none_long")
+    if base is not None:
+        for name in ("i100", "i100_recorder"):
+            a = added(name, "none_long")
+            if a is not None:
+                lines.append(f"{name}: +{a:.2f} ms/step = {100 * a / base.median:+.1f}% of the step"
+                             + (" (target <= 3%)" if name == "i100_recorder" else ""))
+        a, b = added("i100_recorder", "i100"), added("recorder_by_hand", "none_long")
+        if a is not None and b is not None and b > 0:
+            lines.append(f"recorder / by hand: {a:.2f} / {b:.2f} ms = {a / b:.2f} (target <= 1.2)")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--settings", default=DEFAULT, help=f"comma-separated, from {SETTINGS}")
+    parser.add_argument("--steps", type=int, default=30, help="steps of a run saving every step")
+    parser.add_argument("--long-steps", type=int, default=100,
+                        help="steps of a run saving every 100 steps")
+    parser.add_argument("--runs", type=int, default=5, help="measured runs of each (after a warm-up)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    settings = [s.strip() for s in args.settings.split(",") if s.strip()]
+    unknown = [s for s in settings if s not in SETTINGS]
+    if unknown:
+        parser.error(f"--settings {','.join(unknown)}: choose from {', '.join(SETTINGS)}")
+    torch.set_num_threads(1)
+    protocol.warn_if_busy()
+    workdir = tempfile.mkdtemp(prefix="mltrace-bench-transformer-")
+    try:
+        results = measure(settings, args.steps, args.long_steps, args.runs, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    model = make_model()
+    env = protocol.machine({"torch": torch.__version__, "numpy": np.__version__,
+                            "model": f"{GPTConfig()}",
+                            "parameters": sum(p.numel() for p in model.parameters()),
+                            "tensors": len(list(model.parameters())),
+                            "load_per_core_after": round(protocol.load_per_core(), 2)})
+    if args.json:
+        print(json.dumps({"results": {k: m.as_dict() for k, m in results.items()},
+                          "ratios": report(results), "env": env}))
+        return 0
+    print(f"nanoGPT step, {env['parameters']} parameters in {env['tensors']} tensors; "
+          f"commit {env['commit']}, {env['cpu']}, load {env['load_per_core']}/core before, "
+          f"{env['load_per_core_after']} after")
+    for name, m in results.items():
+        lo, hi = m.spread
+        print(f"{name:18s} {m.median:8.2f} ms/step (runs {lo:.2f}..{hi:.2f})")
+    for line in report(results):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
