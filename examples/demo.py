@@ -25,9 +25,9 @@ import torch.nn.functional as F
 from torch import nn, optim
 
 import mltrace.pytorch as smd
-from mlflow_plugin import links
 from mltrace.exceptions import MltraceError
 from mltrace.trials import create_trial
+from mltrace_mlflow import links
 
 #: Where `mlflow ui --port 5000`, as printed at the end, serves the MLflow UI.
 MLFLOW_UI = "http://127.0.0.1:5000"

@@ -1,7 +1,7 @@
 """MLflow side of mltrace: a hook's MLflow sink (``Hook(..., mlflow=True)``), rule executions as
 MLflow runs, the run-context provider, comparison of runs across experiments, and the plots of
 the SageMaker Debugger tensor-analysis notebook. mltrace's core never imports this package; names are loaded on first use, so that
-``import mlflow_plugin`` imports neither MLflow nor matplotlib.
+``import mltrace_mlflow`` imports neither MLflow nor matplotlib.
 
     sink.py      MlflowSink: batched metrics off the training thread, params, tags, artifacts
                  (one part per concern in _sink_*.py)
@@ -33,5 +33,5 @@ __all__ = sorted(_NAMES)
 def __getattr__(name: str) -> Any:
     module = _NAMES.get(name)
     if module is None:
-        raise AttributeError(f"module 'mlflow_plugin' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"mlflow_plugin.{module}"), name)
+        raise AttributeError(f"module 'mltrace_mlflow' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"mltrace_mlflow.{module}"), name)

@@ -34,7 +34,7 @@ TAG_MESSAGE = "mltrace.message"
 TAG_ISSUES_FOUND = "mltrace.issues_found"
 TAG_EXECUTION = "mltrace.watch.execution"  # a rule run's execution key under `mltrace watch`
 RULE_TAG_PREFIX = "mltrace.rule."  # on the training run: mltrace.rule.<Rule>.<field>
-# On the training run when its hook's flight recorder dumps (mlflow_plugin.flight_recorder).
+# On the training run when its hook's flight recorder dumps (mltrace_mlflow.flight_recorder).
 TAG_FIRST_NONFINITE_TENSOR = "mltrace.first_nonfinite.tensor"
 TAG_FIRST_NONFINITE_STEP = "mltrace.first_nonfinite.step"
 TAG_FLIGHT_RECORDER_DUMPS = "mltrace.flight_recorder.dumps"

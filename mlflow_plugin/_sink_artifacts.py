@@ -14,11 +14,12 @@ import shutil
 import tempfile
 from typing import Any
 
-from mlflow_plugin import _keys
 from mltrace.format import paths
 
+from . import _keys
+
 #: The sink's logger, whichever of its parts logs.
-logger = logging.getLogger("mlflow_plugin.sink")
+logger = logging.getLogger("mltrace_mlflow.sink")
 
 
 class RunArtifacts:
@@ -81,13 +82,13 @@ class RunArtifacts:
     def _log_summary(self) -> None:
         if not self.options.get("summary", True) or self.hook.step < 0:
             return
-        from mlflow_plugin import summary
+        from . import summary
 
         summary.log_summary(self.client, self.run_id, self.trial)
 
     def _describe(self) -> None:
         """The run's description: trial, steps, collections, rule findings (Markdown)."""
-        from mlflow_plugin import description
+        from . import description
 
         description.update_training_description(self.client, self.run_id)
 

@@ -12,13 +12,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from mlflow_plugin import flight_recorder
 from mltrace.exceptions import MltraceRuntimeError
 from mltrace.format.flight_record import Dump, FlightRecord
 from mltrace.writer.failure_log import FailureLog
 
+from . import flight_recorder
+
 #: The sink's logger, whichever of its parts logs.
-logger = logging.getLogger("mlflow_plugin.sink")
+logger = logging.getLogger("mltrace_mlflow.sink")
 
 
 class DumpTags:

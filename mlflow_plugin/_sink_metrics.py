@@ -24,14 +24,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mlflow_plugin import _transport
-from mlflow_plugin._sink_names import MetricNames
 from mltrace.exceptions import MltraceRuntimeError
 from mltrace.modes import ModeKeys
 from mltrace.writer.failure_log import FailureLog
 
+from . import _transport
+from ._sink_names import MetricNames
+
 #: The sink's logger, whichever of its parts logs.
-logger = logging.getLogger("mlflow_plugin.sink")
+logger = logging.getLogger("mltrace_mlflow.sink")
 
 _MAX_PENDING = 1_000_000
 #: Points waiting that wake the background thread before flush_interval is up. Large batches

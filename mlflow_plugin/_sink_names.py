@@ -19,11 +19,12 @@ import logging
 import time
 from typing import Any
 
-from mlflow_plugin import _keys
 from mltrace.modes import ModeKeys
 
+from . import _keys
+
 #: The sink's logger, whichever of its parts logs.
-logger = logging.getLogger("mlflow_plugin.sink")
+logger = logging.getLogger("mltrace_mlflow.sink")
 
 _MODE_PREFIX = {ModeKeys.EVAL: "eval/", ModeKeys.PREDICT: "predict/"}
 #: The metric holding a mode's own step at each global step (see MetricBatching._flush).

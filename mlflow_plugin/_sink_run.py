@@ -18,11 +18,12 @@ import json
 import logging
 from typing import Any
 
-from mlflow_plugin import _keys, _system_metrics, _tracking, links
 from mltrace import __version__
 
+from . import _keys, _system_metrics, _tracking, links
+
 #: The sink's logger, whichever of its parts logs.
-logger = logging.getLogger("mlflow_plugin.sink")
+logger = logging.getLogger("mltrace_mlflow.sink")
 
 
 def _compact(save_config: dict[str, Any]) -> dict[str, Any]:

@@ -8,10 +8,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from mlflow_plugin import _system_metrics
+from . import _system_metrics
 
 #: The sink's logger, whichever of its parts logs.
-logger = logging.getLogger("mlflow_plugin.sink")
+logger = logging.getLogger("mltrace_mlflow.sink")
 
 
 class SinkSystemMetrics:

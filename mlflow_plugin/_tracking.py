@@ -19,10 +19,11 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from mlflow_plugin import links
 from mltrace import __version__
 from mltrace.exceptions import MltraceValueError
 from mltrace.format import paths
+
+from . import links
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ def experiment_id_for(
             return found.experiment_id
         try:
             # Tagged as a machine-learning experiment, as MLflow's UI tags one when the user picks
-            # its kind (mlflow_plugin.links says how the UI chooses its view).
+            # its kind (mltrace_mlflow.links says how the UI chooses its view).
             return client.create_experiment(
                 name, artifact_location=_artifact_location(client, name),
                 tags={links.EXPERIMENT_KIND_TAG: links.MACHINE_LEARNING_KIND},

@@ -16,7 +16,7 @@ import sys
 import threading
 from typing import Any
 
-from mlflow_plugin import _keys, _metrics_process
+from . import _keys, _metrics_process
 
 logger = logging.getLogger(__name__)
 

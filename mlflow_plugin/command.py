@@ -42,6 +42,6 @@ def add_command(subparsers: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from mlflow_plugin.compare import run_cli  # MLflow only when the subcommand runs
+    from .compare import run_cli  # MLflow only when the subcommand runs
 
     return run_cli(args)

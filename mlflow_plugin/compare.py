@@ -20,7 +20,7 @@ Errors name the valid values: an unknown statistic, a tensor pattern that matche
 the trials, no statistic readable; a missing tracking store is an error, never created.
 
 Example:
-    >>> from mlflow_plugin.compare import compare_runs
+    >>> from mltrace_mlflow.compare import compare_runs
     >>> result = compare_runs(["baseline", "lr-sweep"], tensors=["gradient/.*conv1"], stats=["l2"])
     >>> print(result.to_text()); result.plot_path
 """
@@ -36,11 +36,12 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from mlflow_plugin import _keys, _tracking, links
-from mlflow_plugin._table import comparison_text
 from mltrace import analysis
 from mltrace.exceptions import MltraceError, MltraceValueError
 from mltrace.reductions import parse_statistic
+
+from . import _keys, _tracking, links
+from ._table import comparison_text
 
 if TYPE_CHECKING:
     from mltrace.trials import Trial
@@ -338,7 +339,7 @@ def _write(result: Comparison, runs: list[Any], experiments: Any, filter_string:
                    "stats": stats, "rows": result.rows, "series": result.series,
                    "findings": result.findings}, f, indent=1, default=str)
     if result.series:
-        from mlflow_plugin.plots import plot_series
+        from .plots import plot_series
 
         markers = {label: {rule: int(f["first_step"]) for rule, f in found.items()
                            if f.get("status") == "IssuesFound"

@@ -12,9 +12,10 @@ import os
 
 from mlflow.tracking.context.abstract_context import RunContextProvider
 
-from mlflow_plugin._keys import TAG_TRIAL, TAG_VERSION
 from mltrace import __version__
 from mltrace.capture.hook import get_hook
+
+from ._keys import TAG_TRIAL, TAG_VERSION
 
 #: A trial location for processes without a hook (e.g. a rule job): recorded when set.
 TRIAL_ENV = "MLTRACE_TRIAL"

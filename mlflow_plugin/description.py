@@ -17,9 +17,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from mlflow_plugin import _keys, links
 from mltrace import analysis
 from mltrace.trials import Trial
+
+from . import _keys, links
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,9 @@ import logging
 from dataclasses import asdict
 from typing import Any
 
-from mlflow_plugin import _keys
 from mltrace.format.flight_record import Dump, FlightRecord, earliest_first_nonfinite
+
+from . import _keys
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ GIF), and two trials side by side (PNG, or GIF). matplotlib is imported inside e
 (Agg canvas, no pyplot: nothing changes the user's backend); GIFs are assembled with Pillow.
 
 Example:
-    >>> from mlflow_plugin.plots import plot_distributions, compare_trials
+    >>> from mltrace_mlflow.plots import plot_distributions, compare_trials
     >>> plot_distributions("/tmp/run", ".*gradient", "gradients.gif")
     >>> compare_trials("/tmp/bad", "/tmp/good", ["gradient/Net_conv1.weight"], "cmp.png",
     ...                labels=("bad init", "good init"))
@@ -273,7 +273,7 @@ def plot_series(panels: Mapping[str, Mapping[str, tuple[Sequence[int], Sequence[
                 title: str = "") -> str:
     """Line plots, one panel per title with one line per label (``{label: (steps, values)}``);
     ``markers`` (``{label: {text: step}}``) draws dotted vertical lines, e.g. where a rule fired.
-    Used by ``mlflow_plugin.compare``; see :func:`series_figure` for the layout.
+    Used by ``mltrace_mlflow.compare``; see :func:`series_figure` for the layout.
 
     Returns:
         ``filename``.

@@ -43,11 +43,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlflow_plugin import _keys, _tracking, links
-from mlflow_plugin.description import STATUS_MARKS
 from mltrace import __version__
 from mltrace.exceptions import MltraceValueError
 from mltrace.rules import results
+
+from . import _keys, _tracking, links
+from .description import STATUS_MARKS
 
 logger = logging.getLogger(__name__)
 
@@ -293,13 +294,13 @@ class MlflowRuleListener:
         has ended (its sink wrote summary.html), write its summary again with these findings."""
         if not state.parent_run_id:
             return
-        from mlflow_plugin import description
+        from . import description
 
         try:
             description.update_training_description(state.client, state.parent_run_id,
                                                      rule.base_trial)
             if state.client.get_run(state.parent_run_id).info.status != "RUNNING":
-                from mlflow_plugin import summary
+                from . import summary
 
                 summary.log_summary(state.client, state.parent_run_id, rule.base_trial, result)
         except Exception as exc:

@@ -23,16 +23,17 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from mlflow_plugin import _system_metrics, _tracking, links
-from mlflow_plugin._sink_artifacts import RunArtifacts
-from mlflow_plugin._sink_flight_recorder import DumpTags
-from mlflow_plugin._sink_metrics import MetricBatching
-from mlflow_plugin._sink_names import CLAIM_DELAY, MODE_STEP_METRIC
-from mlflow_plugin._sink_run import RunLifecycle
-from mlflow_plugin._sink_system_metrics import SinkSystemMetrics
 from mltrace.exceptions import MltraceValueError
 from mltrace.modes import ModeKeys
 from mltrace.writer.failure_log import FailureLog
+
+from . import _system_metrics, _tracking, links
+from ._sink_artifacts import RunArtifacts
+from ._sink_flight_recorder import DumpTags
+from ._sink_metrics import MetricBatching
+from ._sink_names import CLAIM_DELAY, MODE_STEP_METRIC
+from ._sink_run import RunLifecycle
+from ._sink_system_metrics import SinkSystemMetrics
 
 __all__ = ["CLAIM_DELAY", "MODE_STEP_METRIC", "OPTIONS", "MlflowSink", "NullSink", "create_sink"]
 

@@ -15,11 +15,12 @@ import logging
 import math
 from typing import Any
 
-from mlflow_plugin import flight_recorder
-from mlflow_plugin.description import step_text
 from mltrace import analysis
 from mltrace.exceptions import MltraceError
 from mltrace.trials import Trial, create_trial
+
+from . import flight_recorder
+from .description import step_text
 
 logger = logging.getLogger(__name__)
 

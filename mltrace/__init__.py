@@ -5,7 +5,7 @@ mltrace.trials, rules in mltrace.rules.
 """
 
 #: The version (setup.cfg reads it; MLflow runs are tagged with it).
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 from mltrace import modes  # noqa: E402 - after __version__, which setup.cfg reads

@@ -2,14 +2,14 @@
 
 Built in: ``info``, ``dump``, ``upload-spill`` and ``run`` (mltrace.launch). Other packages add
 subcommands through the ``mltrace.commands`` entry-point group (``mltrace.plugins.commands``):
-the MLflow side adds ``compare``, the TensorBoard plugin ``tensorboard``, mltrace.watch ``watch``.
+the MLflow side adds ``compare``, the TensorBoard plugin ``tensorboard``, mltrace.watch ``watch``:
 
-mltrace info TRIAL_DIR [--wait SECONDS]   collections, tensors and steps of a trial
-mltrace dump OUT_DIR [--reason TEXT]   ask the running job's hooks to dump their flight recorder
-mltrace run [--config FILE] [hook options] SCRIPT|-m MODULE [ARGS]   a script with a hook attached
-mltrace compare [EXPERIMENT ...] [--filter F] [--tensor T] [--stat S]   MLflow runs side by side
-mltrace tensorboard DIR_OR_S3 [TENSORBOARD_ARGS]   TensorBoard with the mltrace tab on the trials
-mltrace watch LOCATION --rules RULES.json [--ray-address ADDR]   rules on every trial as it trains
+    mltrace info TRIAL_DIR [--wait SECONDS]   collections, tensors and steps of a trial
+    mltrace dump OUT_DIR [--reason TEXT]   ask the running job's hooks to dump their flight recorder
+    mltrace run [--config FILE] [hook options] SCRIPT|-m MODULE [ARGS]   a script with a hook attached
+    mltrace compare [EXPERIMENT ...] [--filter F] [--tensor T] [--stat S]   MLflow runs side by side
+    mltrace tensorboard DIR_OR_S3 [TENSORBOARD_ARGS]   TensorBoard with the mltrace tab on the trials
+    mltrace watch LOCATION --rules RULES.json [--ray-address ADDR]   rules on every trial as it trains
 """
 
 from __future__ import annotations

@@ -22,11 +22,11 @@ mltrace's core names no plugin package: the MLflow side registers itself (setup.
 
     [options.entry_points]
     mltrace.sinks =
-        mlflow = mlflow_plugin.sink:create_sink
+        mlflow = mltrace_mlflow.sink:create_sink
     mltrace.rule_listeners =
-        mlflow = mlflow_plugin.rules:create_listener
+        mlflow = mltrace_mlflow.rules:create_listener
     mltrace.commands =
-        compare = mlflow_plugin.command:add_command
+        compare = mltrace_mlflow.command:add_command
 """
 
 from __future__ import annotations

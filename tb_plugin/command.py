@@ -29,6 +29,6 @@ def add_command(subparsers: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from tb_plugin.launch import run_cli  # TensorBoard only when the subcommand runs
+    from .launch import run_cli  # TensorBoard only when the subcommand runs
 
     return run_cli(args)

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from mltrace.exceptions import MltraceValueError
 from mltrace.format import paths
 from mltrace.storage import is_remote
-from tb_plugin import discovery, metadata
+
+from . import discovery, metadata
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ def _link_farm(launch: Launch, exports: list[tuple[str, str]]) -> str:
 
 
 def run_tensorboard(argv: list[str], stub_tensorflow: bool = False) -> None:
-    """Run TensorBoard in this process (``python -m tb_plugin.launch [--stub-tensorflow] ARGS``)."""
+    """Run TensorBoard in this process (``python -m mltrace_tb.launch [--stub-tensorflow] ARGS``)."""
     if stub_tensorflow:
         import types
 
@@ -162,7 +163,7 @@ def run_cli(args: argparse.Namespace) -> int:
     command = [
         sys.executable,
         "-m",
-        "tb_plugin.launch",
+        "mltrace_tb.launch",
         *(["--stub-tensorflow"] if launch.stub_tensorflow else []),
         *launch.argv,
     ]

@@ -12,7 +12,7 @@ import logging
 
 from tensorboard.plugins import base_plugin
 
-from tb_plugin import metadata
+from . import metadata
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class MltracePluginLoader(base_plugin.TBLoader):
 
     def load(self, context):  # noqa: ANN001, ANN201
         try:
-            from tb_plugin.plugin import MltracePlugin
+            from .plugin import MltracePlugin
         except Exception as exc:  # a broken optional dependency must not stop TensorBoard
             logger.error("mltrace TensorBoard plugin disabled: %s: %s", type(exc).__name__, exc)
             return None

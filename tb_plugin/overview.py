@@ -20,7 +20,8 @@ from mltrace.analysis import heatmap
 from mltrace.exceptions import MltraceValueError
 from mltrace.modes import ModeKeys
 from mltrace.trials import Trial
-from tb_plugin import rules_view
+
+from . import rules_view
 
 #: The collection the overview opens on when the trial has it (what goes wrong first in training).
 DEFAULT_COLLECTION = "gradients"

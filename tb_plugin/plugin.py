@@ -39,7 +39,8 @@ from mltrace.analysis import heatmap
 from mltrace.exceptions import MltraceError, MltraceValueError
 from mltrace.modes import ModeKeys
 from mltrace.trials import Trial, create_trial
-from tb_plugin import discovery, metadata, overview, rules_view, views
+
+from . import discovery, metadata, overview, rules_view, views
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ INDEX_DIR = "index"
 COLLECTIONS_DIR = "collections/000000000"
 END_OF_JOB_MARKER = "training_job_end.ts"
 TENSORBOARD_DIR = "tensorboard"
-#: written by hooks that log to MLflow (mlflow_plugin); smdebug's reader never looks at it.
+#: written by hooks that log to MLflow (mltrace_mlflow); smdebug's reader never looks at it.
 MLFLOW_RUN_FILE = "mltrace_mlflow_run.json"
 #: written by a rule's StopTraining action; hooks watch for it and end training at a step boundary.
 STOP_SIGNAL_FILE = "mltrace_stop_training.json"

@@ -3,7 +3,7 @@ execution under ``mltrace_watch/`` (beside the rule results of ``mltrace_rules/`
 
 A restarted watcher reads it and skips those executions; an execution that was running when the
 watcher died has no file and runs again, resuming its MLflow run (the run carries the execution
-key as a tag, see mlflow_plugin.rules), so nothing is duplicated and nothing already written is
+key as a tag, see mltrace_mlflow.rules), so nothing is duplicated and nothing already written is
 lost. The watcher's own disk holds no state.
 """
 

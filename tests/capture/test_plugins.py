@@ -41,12 +41,12 @@ def make_print_sink(hook: Any, options: dict[str, Any]) -> tuple[Any, dict[str, 
 
 # -- the real entry points of this repository's setup.cfg -----------------------------------------
 def test_registries_load_the_installed_entry_points() -> None:
-    import mlflow_plugin.rules
-    import mlflow_plugin.sink
+    import mltrace_mlflow.rules
+    import mltrace_mlflow.sink
 
-    assert Registry(plugins.SINKS_GROUP).get("mlflow") is mlflow_plugin.sink.create_sink
+    assert Registry(plugins.SINKS_GROUP).get("mlflow") is mltrace_mlflow.sink.create_sink
     listeners = Registry(plugins.RULE_LISTENERS_GROUP)
-    assert listeners.get("mlflow") is mlflow_plugin.rules.create_listener
+    assert listeners.get("mlflow") is mltrace_mlflow.rules.create_listener
     assert "mlflow" in plugins.sinks.names() and "mlflow" in plugins.sinks
     assert plugins.registry("mltrace.sinks") is plugins.sinks
     assert set(plugins.REGISTRIES) == {"mltrace.storage", "mltrace.rules",
@@ -64,7 +64,7 @@ def test_create_sink_reaches_the_mlflow_sink_through_its_entry_point() -> None:
 
 def test_import_mltrace_plugins_imports_no_plugin() -> None:
     code = ("import sys, mltrace, mltrace.plugins, mltrace.storage, mltrace.trials; "
-            "loaded = [m for m in ('mlflow', 'mlflow_plugin', 'tb_plugin', 'tensorboard') "
+            "loaded = [m for m in ('mlflow', 'mltrace_mlflow', 'mltrace_tb', 'tensorboard') "
             "if m in sys.modules]; assert not loaded, loaded")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
@@ -206,4 +206,4 @@ def test_installed_cli_lists_the_plugin_subcommands() -> None:
         assert command in out
     cli_source = (plugins.__file__ or "").replace("plugins.py", "cli.py")
     text = open(cli_source, encoding="utf-8").read()
-    assert "mlflow_plugin" not in text and "tb_plugin" not in text
+    assert "mltrace_mlflow" not in text and "mltrace_tb" not in text

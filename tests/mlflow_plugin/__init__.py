@@ -1,1 +1,1 @@
-"""mlflow_plugin: the MLflow sink, rule runs, pages, plots and servers."""
+"""mltrace_mlflow: the MLflow sink, rule runs, pages, plots and servers."""

@@ -8,12 +8,12 @@ import pytest
 from mlflow import MlflowClient
 from PIL import Image
 
-from mlflow_plugin.compare import compare_runs
 from mltrace import cli
 from mltrace.exceptions import MltraceValueError
 from mltrace.rules import invoke_rule
 from mltrace.rules.builtin.vanishing_gradient import VanishingGradient
 from mltrace.trials import create_trial
+from mltrace_mlflow.compare import compare_runs
 from tests.support.mlflow_env import train
 
 LOSS = "MSELoss_output_0"
@@ -106,7 +106,7 @@ def test_table_fits_100_columns_and_the_csv_keeps_everything(two_experiments, tm
 
 
 def test_plot_is_wide_log_scaled_and_its_labels_do_not_overlap(tmp_path):
-    from mlflow_plugin.plots import plot_series, series_figure
+    from mltrace_mlflow.plots import plot_series, series_figure
 
     steps = list(range(0, 2000, 10))
     panels = {

@@ -12,15 +12,15 @@ from mlflow.tracking.context.registry import _run_context_provider_registry, res
 
 import mltrace
 import mltrace.pytorch as smd
-from mlflow_plugin import _keys
-from mlflow_plugin.context import MltraceRunContextProvider
+from mltrace_mlflow import _keys
+from mltrace_mlflow.context import MltraceRunContextProvider
 
 
 def test_entry_points_are_registered():
     providers = {ep.name: ep.value for ep in entry_points(group="mlflow.run_context_provider")}
-    assert providers["mltrace"] == "mlflow_plugin.context:MltraceRunContextProvider"
+    assert providers["mltrace"] == "mltrace_mlflow.context:MltraceRunContextProvider"
     listeners = {ep.name: ep.value for ep in entry_points(group="mltrace.rule_listeners")}
-    assert listeners["mlflow"] == "mlflow_plugin.rules:create_listener"
+    assert listeners["mlflow"] == "mltrace_mlflow.rules:create_listener"
     assert any(isinstance(p, MltraceRunContextProvider) for p in _run_context_provider_registry)
 
 
@@ -43,7 +43,7 @@ def test_trial_from_environment(tracking, monkeypatch):
 
 
 def test_core_and_plugin_imports_stay_light():
-    code = ("import sys, mltrace, mlflow_plugin, mlflow_plugin.plots, mlflow_plugin.summary\n"
+    code = ("import sys, mltrace, mltrace_mlflow, mltrace_mlflow.plots, mltrace_mlflow.summary\n"
             "heavy = [m for m in ('mlflow', 'matplotlib', 'torch') if m in sys.modules]\n"
             "assert not heavy, heavy\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

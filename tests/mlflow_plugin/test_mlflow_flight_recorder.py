@@ -15,10 +15,10 @@ import mlflow
 import pytest
 from mlflow import MlflowClient
 
-from mlflow_plugin import _keys
-from mlflow_plugin.sink import NullSink
 from mltrace.format.flight_record import Dump, FirstNonFinite, FlightRecord, record_key
 from mltrace.trials import create_trial
+from mltrace_mlflow import _keys
+from mltrace_mlflow.sink import NullSink
 from tests.support.mlflow_env import train
 
 POISONED = "Sequential_1_output_0"
@@ -134,7 +134,7 @@ def test_tagging_failures_never_reach_training(tracking, tmp_path, monkeypatch, 
         raise ConnectionError("tracking server gone")
 
     monkeypatch.setattr(sink.client, "log_batch", broken)
-    with caplog.at_level(logging.WARNING, logger="mlflow_plugin"):
+    with caplog.at_level(logging.WARNING, logger="mltrace_mlflow"):
         _record_dumps(hook, _dump("nonfinite", 1, _first(1)))  # returns at once, raises nothing
         sink.flight_recorder_dumped(None, None)  # not a record at all: logged, not raised
         hook.close()

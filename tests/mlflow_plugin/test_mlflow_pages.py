@@ -8,11 +8,11 @@ from __future__ import annotations
 import numpy as np
 from mlflow import MlflowClient
 
-from mlflow_plugin import description, links, summary
 from mltrace.rules import Rule, invoke_rule
 from mltrace.rules.builtin.exploding_tensor import ExplodingTensor
 from mltrace.rules.builtin.vanishing_gradient import VanishingGradient
 from mltrace.trials import create_trial
+from mltrace_mlflow import description, links, summary
 from tests.support.mlflow_env import train
 from tests.support.rule_trials import write_trial
 

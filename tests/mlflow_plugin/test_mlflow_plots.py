@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mlflow_plugin.plots import (
+from mltrace.exceptions import MltraceValueError
+from mltrace.trials import create_trial
+from mltrace_mlflow.plots import (
     compare_trials,
     create_interactive_matplotlib_histogram,
     plot_distributions,
     tensor_values,
 )
-from mltrace.exceptions import MltraceValueError
-from mltrace.trials import create_trial
 from tests.support.mlflow_env import train
 
 

@@ -12,12 +12,12 @@ import mlflow
 import pytest
 from mlflow import MlflowClient
 
-from mlflow_plugin import _keys
 from mltrace.format import paths
 from mltrace.rules import Rule, invoke_rule
 from mltrace.rules.builtin.vanishing_gradient import VanishingGradient
 from mltrace.rules.results import read_results
 from mltrace.trials import create_trial
+from mltrace_mlflow import _keys
 from tests.support.mlflow_env import train
 
 STATUS_TAG = "mltrace.rule.VanishingGradient.status"

@@ -7,11 +7,11 @@ import mlflow
 import pytest
 from mlflow import MlflowClient
 
-from mlflow_plugin import _tracking
-from mlflow_plugin.compare import compare_runs
 from mltrace.rules import invoke_rule
 from mltrace.rules.builtin.vanishing_gradient import VanishingGradient
 from mltrace.trials import create_trial
+from mltrace_mlflow import _tracking
+from mltrace_mlflow.compare import compare_runs
 from tests.support.mlflow_env import train
 
 LOSS = "MSELoss_output_0"

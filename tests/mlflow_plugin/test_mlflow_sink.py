@@ -17,10 +17,10 @@ from mlflow.utils.validation import _validate_metric_name, _validate_param_name,
 
 import mltrace
 import mltrace.pytorch as smd
-from mlflow_plugin import _keys, _tracking
 from mltrace.exceptions import MltraceValueError
 from mltrace.format import paths
 from mltrace.trials import create_trial
+from mltrace_mlflow import _keys, _tracking
 from tests.support.mlflow_env import train
 
 LOSS = "MSELoss_output_0"
@@ -213,7 +213,7 @@ def test_a_dead_helper_process_falls_back_to_a_thread(tracking, tmp_path, monkey
     sink._transport.wait_ready()
     os.kill(sink._transport.pid, signal.SIGKILL)  # the helper this sink started
     sink._transport.proc.wait()
-    with caplog.at_level(logging.WARNING, logger="mlflow_plugin"):
+    with caplog.at_level(logging.WARNING, logger="mltrace_mlflow"):
         for step in range(50):
             hook.begin_step()
             hook.save_scalar("acc", step / 50)
@@ -248,7 +248,7 @@ def test_mlflow_failures_never_stop_training(tracking, tmp_path, monkeypatch, ca
         raise ConnectionError("tracking server gone")
 
     monkeypatch.setattr(sink.client, "log_batch", broken)
-    with caplog.at_level(logging.ERROR, logger="mlflow_plugin"):
+    with caplog.at_level(logging.ERROR, logger="mltrace_mlflow"):
         for step in range(20):
             hook.begin_step()
             hook.save_scalar("loss", 1.0 / (step + 1))
@@ -338,12 +338,12 @@ def test_a_hook_never_closed_is_closed_at_exit(tracking, tmp_path):
 
 
 def test_unreachable_tracking_server_never_stops_training(tracking, tmp_path, monkeypatch, caplog):
-    from mlflow_plugin.sink import NullSink
+    from mltrace_mlflow.sink import NullSink
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
     dead = "http://127.0.0.1:9"  # discard port: nothing listens
-    with caplog.at_level(logging.ERROR, logger="mlflow_plugin"):
+    with caplog.at_level(logging.ERROR, logger="mltrace_mlflow"):
         hook, _ = train(tmp_path / "trial", steps=2, mlflow={"tracking_uri": dead})
     assert isinstance(hook.sinks[0], NullSink)
     assert any("MLflow logging is off" in r.getMessage() for r in caplog.records)

@@ -19,7 +19,7 @@ from selenium.common.exceptions import TimeoutException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from mlflow_plugin import description, links
+from mltrace_mlflow import description, links
 from tests.support.browser import headless_chromium
 from tests.support.mlflow_env import train
 

@@ -35,7 +35,7 @@ from mltrace.format.tensors import encode_tensor
 from mltrace.reductions import compute
 from mltrace.rules.results import RuleResult, read_results
 from mltrace.trials import Trial
-from tb_plugin import rules_view, views
+from mltrace_tb import rules_view, views
 from tests.support.damaged_trials import (
     GRAD,
     INTS,

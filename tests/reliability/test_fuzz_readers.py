@@ -45,7 +45,7 @@ from mltrace.format.records import OVERHEAD_BYTES, frame_record, iter_records, u
 from mltrace.format.tensors import BFloat16Bits, decode_tensor, encode_tensor
 from mltrace.rules.results import RuleResult, read_results
 from mltrace.trials import create_trial
-from tb_plugin import rules_view, views
+from mltrace_tb import rules_view, views
 from tests.support.damaged_trials import (
     Pristine,
     assert_same_value,
@@ -483,7 +483,7 @@ def test_rule_results_loader(pristine: Pristine, scratch: Path) -> None:
             assert isinstance(r.started, float | int) and isinstance(r.fired_steps, list)
             assert all(type(s) is int for s in r.fired_steps)
             assert isinstance(r.parameters, dict)
-        outcome_of("tb_plugin.rules_view.rules", lambda: rules_view.rules(trial, None))  # the Rules panel
+        outcome_of("mltrace_tb.rules_view.rules", lambda: rules_view.rules(trial, None))  # the Rules panel
 
     check()
 
@@ -528,13 +528,13 @@ def _read_everything(run: Path, pristine: Pristine | None, logged: Warnings, sho
     if trial.has_tensor(shown):
         for step in trial.tensor(shown).steps():
             outcome_of("Tensor.reduction_value", lambda: trial.tensor(shown).reduction_value(step, "l2"), traced=False)
-        outcome_of("tb_plugin.views.series",
+        outcome_of("mltrace_tb.views.series",
                    lambda: views.series(trial, shown, None, None, True, views.SeriesCache(), None), traced=False)
         for mode in trial.modes():
-            outcome_of("tb_plugin.views.histograms",
+            outcome_of("mltrace_tb.views.histograms",
                        lambda: views.histograms(trial, shown, mode, None, 10, None), traced=False)
-    outcome_of("tb_plugin.views.run_summary", lambda: views.run_summary(trial), traced=False)
-    outcome_of("tb_plugin.views.collections", lambda: views.collections(trial), traced=False)
+    outcome_of("mltrace_tb.views.run_summary", lambda: views.run_summary(trial), traced=False)
+    outcome_of("mltrace_tb.views.collections", lambda: views.collections(trial), traced=False)
 
 
 def _trial_files(run: Path) -> list[Path]:

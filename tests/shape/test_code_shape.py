@@ -12,8 +12,9 @@ from pathlib import Path
 from tests.support.source_scan import private_reaches
 
 REPO = Path(__file__).resolve().parents[2]
+#: the library's folders (tb_plugin/ and mlflow_plugin/ install as mltrace_tb and mltrace_mlflow)
 LIBRARY = ("mltrace", "tb_plugin", "mlflow_plugin")
-PLUGIN_PACKAGES = ("mlflow_plugin", "tb_plugin")
+PLUGIN_PACKAGES = ("mltrace_mlflow", "mltrace_tb")
 HOOK_LIMIT = 350
 FUNCTION_LIMIT = 80
 

@@ -14,7 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
-PACKAGES = ("mltrace", "tb_plugin", "mlflow_plugin")
+#: import name -> folder (setup.py maps the plugins' folders to their names)
+PACKAGES = {"mltrace": "mltrace", "mltrace_tb": "tb_plugin", "mltrace_mlflow": "mlflow_plugin"}
 
 
 def _lint(where: Path) -> subprocess.CompletedProcess[str]:
@@ -24,8 +25,8 @@ def _lint(where: Path) -> subprocess.CompletedProcess[str]:
 
 
 def _copy_tree(tmp_path: Path) -> Path:
-    for package in PACKAGES:
-        shutil.copytree(ROOT / package, tmp_path / package,
+    for package, folder in PACKAGES.items():
+        shutil.copytree(ROOT / folder, tmp_path / package,
                         ignore=shutil.ignore_patterns("__pycache__", "static"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     return tmp_path
@@ -41,7 +42,7 @@ def test_the_tree_keeps_its_contracts(tmp_path):
     ("mltrace/format/paths.py", "import mltrace.rules", "mltrace's layers"),
     ("mltrace/writer/spill.py", "from mltrace.capture import hook", "mltrace's layers"),
     ("mltrace/trials/index.py", "import mltrace.writer", "mltrace's layers"),
-    ("mltrace/capture/clock.py", "import mlflow_plugin", "never imports them"),
+    ("mltrace/capture/clock.py", "import mltrace_mlflow", "never imports them"),
 ], ids=["format-imports-rules", "writer-imports-capture", "reader-imports-writer", "library-imports-plugin"])
 def test_an_import_against_the_layers_breaks_a_contract(tmp_path, module, imports, contract):
     tree = _copy_tree(tmp_path)

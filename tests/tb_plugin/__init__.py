@@ -1,1 +1,1 @@
-"""tb_plugin: the mltrace tab of TensorBoard, its routes, frontend and browser tests."""
+"""mltrace_tb: the mltrace tab of TensorBoard, its routes, frontend and browser tests."""

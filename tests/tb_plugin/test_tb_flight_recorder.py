@@ -17,8 +17,8 @@ from werkzeug import test as werkzeug_test
 from werkzeug import wrappers
 
 from mltrace.format.flight_record import RECORD_DIR
-from tb_plugin import metadata
-from tb_plugin.plugin import MltracePlugin
+from mltrace_tb import metadata
+from mltrace_tb.plugin import MltracePlugin
 from tests.support.flight_records import POISONED, write_records
 from tests.support.rule_trials import write_trial
 

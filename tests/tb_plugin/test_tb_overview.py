@@ -25,8 +25,8 @@ from mltrace.rules.builtin import rule_class
 from mltrace.rules.results import NO_ISSUES_FOUND, NOTHING_CHECKED, RuleResult
 from mltrace.storage import open_storage
 from mltrace.trials import create_trial
-from tb_plugin import metadata, overview
-from tb_plugin.plugin import MltracePlugin
+from mltrace_tb import metadata, overview
+from mltrace_tb.plugin import MltracePlugin
 from tests.support.rule_trials import red, write_trial
 
 STEPS = 1000

@@ -25,8 +25,8 @@ from mltrace.format import paths
 from mltrace.modes import ModeKeys
 from mltrace.storage import register_scheme
 from mltrace.trials import create_trial
-from tb_plugin import discovery, launch, loader, metadata, rules_view, views
-from tb_plugin.plugin import MltracePlugin
+from mltrace_tb import discovery, launch, loader, metadata, rules_view, views
+from mltrace_tb.plugin import MltracePlugin
 from tests.support.rule_trials import write_trial
 from tests.support.tb_trials import (
     GRAD,
@@ -251,14 +251,14 @@ def test_crafted_parameters_answer_4xx(client, route, params, code):
 # -- entry point -----------------------------------------------------------------------------------
 def test_entry_point_is_registered_and_imports_light():
     assert loader.MltracePluginLoader in default.get_dynamic_plugins()
-    code = ("import sys, tb_plugin.loader; heavy = [m for m in ('mltrace', 'numpy', 'torch', 'mlflow') "
+    code = ("import sys, mltrace_tb.loader; heavy = [m for m in ('mltrace', 'numpy', 'torch', 'mlflow') "
             "if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
 
 def test_a_broken_dependency_leaves_tensorboard_running(monkeypatch, caplog, logdir):
-    monkeypatch.setitem(sys.modules, "tb_plugin.plugin", None)  # importing it now raises ImportError
+    monkeypatch.setitem(sys.modules, "mltrace_tb.plugin", None)  # importing it now raises ImportError
     tb = program.TensorBoard(plugins=default.get_plugins())
     tb.configure(argv=[None, "--logdir", str(logdir / "plain")])
     assert loader.MltracePluginLoader().load(base_plugin.TBContext(flags=tb.flags)) is None
@@ -314,7 +314,7 @@ def test_cli_prints_the_command(logdir, capsys):
 
     assert main(["tensorboard", "--print-command", str(logdir / "exp1" / "runA"), "--port", "7001"]) == 0
     out = capsys.readouterr().out
-    assert "-m tb_plugin.launch --logdir" in out and out.strip().endswith("--port 7001")
+    assert "-m mltrace_tb.launch --logdir" in out and out.strip().endswith("--port 7001")
     assert main(["tensorboard", "--print-command", str(logdir / "plain")]) == 2
 
 

@@ -199,7 +199,7 @@ def test_cli_parent_run_id_travels_as_an_option_not_through_the_environment(
 
 
 def test_mlflow_listener_takes_the_parent_as_an_option() -> None:
-    from mlflow_plugin.rules import create_listener
+    from mltrace_mlflow.rules import create_listener
 
     listener = create_listener({"parent_run_id": "r1"})
     assert listener is not None and listener.parent_run_id == "r1"

@@ -19,11 +19,11 @@ import mlflow
 import pytest
 from mlflow import MlflowClient
 
-from mlflow_plugin.compare import compare_runs
 from mltrace.rules import invoke_rule
 from mltrace.rules.builtin.vanishing_gradient import VanishingGradient
 from mltrace.rules.results import read_results
 from mltrace.trials import create_trial
+from mltrace_mlflow.compare import compare_runs
 from tests.support.mlflow_env import train
 from tests.support.servers import S3_KEY, S3_SECRET
 from tests.support.team_servers import (

@@ -1,0 +1,1 @@
+"""The installable package: the wheel and the sdist, installed into a fresh virtual environment."""
