@@ -104,9 +104,9 @@ class GPT(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
-class LanguageModelLoss(nn.Module):
+class LanguageModelLoss(nn.modules.loss._Loss):
     """Cross-entropy of logits (batch, context, vocabulary) against next tokens (batch, context):
-    a module, so that hooks can register it as the loss."""
+    a loss module, so that hooks can register it as the loss (smdebug asks for a ``_Loss``)."""
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))

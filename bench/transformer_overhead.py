@@ -15,11 +15,14 @@ biases and gradients of its 50 parameter tensors and the loss are what is monito
 * ``by_hand``: by hand, the same five reductions of every parameter and gradient after
   ``backward()``, per tensor (``aminmax``, ``std_mean``, ``vector_norm``), stacked, one host
   copy per step: what a user writes to have these numbers, and the yardstick of ``reductions``.
+* ``by_hand_two_pass``: the same with the std from the mean and the norm of the centred values
+  (two passes, as mltrace computes it on a CPU): a stricter yardstick on CPUs where torch's
+  one-pass ``std_mean`` is slow.
 * ``i100``: mltrace saving the raw tensors every 100 steps.
 * ``i100_recorder``: the same with the flight recorder on, at its defaults.
-* ``recorder_by_hand``: by hand, what the recorder keeps at its defaults, each step: the
-  reductions of every gradient and module output as the tensor comes (a hook per module and
-  per parameter, which is how a user reaches a module's output), stacked, read on the host.
+* ``recorder_by_hand``: by hand, what the recorder keeps at its defaults, each step: min and
+  max of every weight, bias and gradient as it comes (the recorded collections are those the
+  hook saves), and the loss, stacked, read on the host once a step, the last 50 steps kept.
 * ``smdebug``: real smdebug 1.0.34 saving the raw tensors every step (.venv-legacy only).
 * ``wandb``: W&B's ``watch(log="all", log_freq=1)`` in an offline run, and the loss logged
   (.venv-bench-wandb only, see setup_wandb_env.sh).
@@ -62,11 +65,12 @@ from nanogpt import GPTConfig, LanguageModelLoss, make_batches, make_model, make
 
 COLLECTIONS = ["weights", "biases", "gradients", "losses"]
 REDUCED = ["weights", "biases", "gradients"]
-EVERY_STEP = ("none", "raw", "tofile", "reductions", "by_hand")
+EVERY_STEP = ("none", "raw", "tofile", "reductions", "by_hand", "by_hand_two_pass")
 LONG = ("i100", "i100_recorder", "recorder_by_hand")
 PEERS = ("smdebug", "wandb")
 SETTINGS = (*EVERY_STEP, *LONG, *PEERS)
-DEFAULT = "none,raw,tofile,reductions,by_hand,i100,i100_recorder,recorder_by_hand"
+DEFAULT = ("none,raw,tofile,reductions,by_hand,by_hand_two_pass,i100,i100_recorder,"
+           "recorder_by_hand")
 
 
 class Monitor:
@@ -128,38 +132,50 @@ def five(t: torch.Tensor) -> torch.Tensor:
     return torch.stack([mn, mx, std, mean, torch.linalg.vector_norm(t)])
 
 
+def five_two_pass(t: torch.Tensor) -> torch.Tensor:
+    """:func:`five` with the std as the norm of the centred values over sqrt(n): two passes,
+    several times faster than ``std_mean`` on a CPU without AVX2 (what mltrace does there)."""
+    mn, mx = torch.aminmax(t)
+    mean = t.mean()
+    std = torch.linalg.vector_norm(t - mean) / t.numel() ** 0.5
+    return torch.stack([mn, mx, std, mean, torch.linalg.vector_norm(t)])
+
+
 class ByHand(Monitor):
     """The five reductions of every parameter and gradient, stacked, one host copy a step."""
 
-    def __init__(self) -> None:
+    def __init__(self, reductions: Callable[[torch.Tensor], torch.Tensor] = five) -> None:
         self.kept: list[list[float]] = []
+        self.reductions = reductions
 
     def after_backward(self, model: nn.Module) -> None:
         with torch.no_grad():
-            parts = [five(t) for p in model.parameters() for t in (p, p.grad)]
+            parts = [self.reductions(t) for p in model.parameters() for t in (p, p.grad)]
             self.kept.append(torch.cat(parts).tolist())
 
 
 class RecorderByHand(Monitor):
-    """What the flight recorder keeps at its defaults, by hand: min and max of every module
-    output (a forward hook on each module) and of every gradient (a hook on each parameter), as
-    each comes; one read on the host per step (a finite check), the last 50 steps kept."""
+    """What the flight recorder keeps at its defaults, by hand: min and max of every weight and
+    bias as the step begins (a forward pre-hook on the model) and of every gradient as it comes
+    (a hook on each parameter), one ``aminmax`` each, and the loss; one read on the host per
+    step (the finite check), the last 50 steps kept."""
 
-    def __init__(self, model: nn.Module, reductions: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    def __init__(self, model: nn.Module) -> None:
+        self.params = list(model.parameters())
         self.parts: list[torch.Tensor] = []
         self.ring: list[list[float]] = []
-        self.handles = [m.register_forward_hook(self._output) for m in model.modules()]
-        self.handles += [p.register_hook(self._gradient) for p in model.parameters()]
-        self.reductions = reductions
+        self.handles = [model.register_forward_pre_hook(self._weights)]
+        self.handles += [p.register_hook(self._gradient) for p in self.params]
 
-    def _output(self, module: nn.Module, inputs: Any, output: Any) -> None:
-        if isinstance(output, torch.Tensor) and output.is_floating_point():
-            self.parts.append(self.reductions(output.detach()))
+    def _weights(self, module: nn.Module, inputs: Any) -> None:
+        with torch.no_grad():
+            self.parts += [torch.stack(torch.aminmax(p)) for p in self.params]
 
     def _gradient(self, grad: torch.Tensor) -> None:
-        self.parts.append(self.reductions(grad))
+        self.parts.append(torch.stack(torch.aminmax(grad)))
 
     def after_step(self, loss: torch.Tensor) -> None:
+        self.parts.append(loss.detach().reshape(1))
         values = torch.cat(self.parts).tolist()
         self.parts = []
         if not all(np.isfinite(values)):
@@ -169,10 +185,6 @@ class RecorderByHand(Monitor):
     def close(self) -> None:
         for handle in self.handles:
             handle.remove()
-
-
-def min_max(t: torch.Tensor) -> torch.Tensor:
-    return torch.stack(torch.aminmax(t))
 
 
 class WandbWatch(Monitor):
@@ -208,8 +220,10 @@ def monitor(setting: str, out_dir: str, model: nn.Module, loss: nn.Module) -> Mo
         return ToFile(out_dir)
     if setting == "by_hand":
         return ByHand()
+    if setting == "by_hand_two_pass":
+        return ByHand(five_two_pass)
     if setting == "recorder_by_hand":
-        return RecorderByHand(model, min_max)
+        return RecorderByHand(model)
     if setting == "wandb":
         return WandbWatch(out_dir, model)
     raise SystemExit(f"unknown setting {setting!r}: choose from {', '.join(SETTINGS)}")
@@ -267,6 +281,7 @@ def report(results: dict[str, protocol.Measured]) -> list[str]:
 
     lines = []
     pairs = [("reductions", "by_hand", "reductions / by hand (target <= 1.2)"),
+             ("reductions", "by_hand_two_pass", "reductions / by hand, two-pass std (no target)"),
              ("raw", "tofile", "raw / numpy tofile (target <= 1.5)"),
              ("raw", "smdebug", "mltrace / smdebug, raw every step (target <= 1/15 = 0.067)"),
              ("raw", "wandb", "mltrace / W&B watch, raw every step (target <= 1/15 = 0.067)")]

@@ -48,6 +48,8 @@ class EventBatchEncoder:
 
     def __init__(self) -> None:
         self._heads: dict[tuple[str, np.dtype, tuple[int, ...]], bytes | None] = {}
+        self._metadata_of: tuple[ModeKeys, int] | None = None
+        self._metadata = b""
 
     def encode(self, records: Iterable[tuple[str, np.ndarray]], step: int, mode: ModeKeys,
                mode_step: int, wall_time: float) -> EncodedRecords:
@@ -58,7 +60,10 @@ class EventBatchEncoder:
             MltraceTypeError: a value of a dtype the format cannot hold (as tensor_event_parts).
         """
         out = EncodedRecords()
-        metadata = events.metadata_field(mode, mode_step)
+        if self._metadata_of != (mode, mode_step):  # the same for every record of a step
+            self._metadata_of = (mode, mode_step)
+            self._metadata = events.metadata_field(mode, mode_step)
+        metadata = self._metadata
         meta_length = len(metadata)
         before: dict[int, bytes] = {}  # value length -> the event's bytes before its value
         heads = self._heads

@@ -42,7 +42,7 @@ class Hook(CoreHook):
     step per optimizer step, saving the accumulated gradients: for gradient accumulation).
 
     The model may be compiled (register the model or what ``torch.compile`` returned) or sharded
-    with FSDP2 (``fully_shard`` before registering); see README "PyTorch as trained today".
+    with FSDP2 (``fully_shard`` before registering); see docs/guide/pytorch.md.
 
     When a rule's StopTraining action fires, the next forward pass of the registered model
     closes the trial and raises mltrace.exceptions.StopTrainingRequested: catch it around your

@@ -15,7 +15,7 @@ saved in collection ``metrics`` at the step it is logged in, under the Trainer's
 MLflow: with ``report_to="mlflow"`` the hook logs into the run Transformers' MLflowCallback
 opened (the Trainer's metrics stay that callback's; mltrace adds its losses, tags and
 artifacts); ``mlflow=False`` keeps mltrace out of it, ``mlflow={...}`` sets the sink's options
-(``{"system_metrics": True}``: MLflow's CPU, memory and GPU utilization, see README).
+(``{"system_metrics": True}``: MLflow's CPU, memory and GPU utilization, see docs/guide/mlflow.md).
 
 ``report_to="mltrace"`` is not possible: Transformers 5.23 looks ``report_to`` names up in a
 fixed dict of its own integrations (``INTEGRATION_TO_CALLBACK``) with no registration API or entry

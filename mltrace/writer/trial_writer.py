@@ -132,10 +132,8 @@ class TrialWriter:
         """True while a step's records are being collected."""
         return self._step is not None
 
-    def add_tensor(
-        self, name: str, value: np.ndarray, mode: ModeKeys, mode_step: int,
-        wall_time: float | None = None,
-    ) -> None:
+    def add_tensor(self, name: str, value: np.ndarray, mode: ModeKeys, mode_step: int,
+                   wall_time: float | None = None) -> None:
         """Append one tensor record to the open step."""
         self.add_tensors(((name, value),), mode, mode_step, wall_time)
 
@@ -148,8 +146,7 @@ class TrialWriter:
         encoded = self._encoder.encode(records, step.step, mode, mode_step,
                                        time.time() if wall_time is None else wall_time)
         step.parts += encoded.parts
-        offset = step.size
-        entries = step.index.tensors
+        offset, entries = step.size, step.index.tensors
         for name, length, crc in zip(encoded.names, encoded.lengths, encoded.crcs):
             entries.append(IndexEntry(name, offset, length, crc))
             offset += length
@@ -157,7 +154,7 @@ class TrialWriter:
 
     def record_names(self) -> set[str]:
         """Names of the records in the open step so far."""
-        return {entry.tensorname for entry in self._step.index.tensors} if self._step is not None else set()
+        return {e.tensorname for e in self._step.index.tensors} if self._step is not None else set()
 
     def add_shape(self, name: str, shape: tuple[int, ...]) -> None:
         """Record a tensor's shape in the open step's index (no record is written)."""
@@ -183,12 +180,11 @@ class TrialWriter:
     def hand_over(self) -> None:
         """Hand the closed steps still waiting in a batch to the writer process now.
 
-        The writer process takes steps that close one after the other in batches (a batch goes
-        once it holds 8 steps or 256 KiB, or its first step waited 50 ms: see
-        mltrace.writer.process). The hook calls this at a step boundary after which nothing is
-        saved, so that the last saved steps never wait for a timer while training goes on: a
-        step is handed over at the latest when the next step that saves nothing begins, and is
-        on disk as soon as the child has written it (well under a millisecond for a small step).
+        The writer process takes steps that close one after the other in batches (8 steps or
+        256 KiB, or 50 ms after the first: mltrace.writer.process). The hook calls this at a step
+        boundary after which nothing is saved, so that the last saved steps never wait for a timer
+        while training goes on: a step is handed over at the latest when the next step that saves
+        nothing begins, and is on disk as soon as the child has written it.
         """
         if self._process is not None:
             self._process.hand_over()

@@ -118,7 +118,8 @@ def test_finite_values_whose_norm_overflows_are_not_a_trigger(tmp_path):
     smd.get_collection("activations").include(r"^scale_output_0$")
     hook = smd.Hook(out_dir=out, save_config=smd.SaveConfig(save_interval=500),
                     include_collections=["losses"], flight_recorder=FlightRecorderConfig(
-                        steps=5, after_steps=1, collections=["activations"], loss_spike=None))
+                        steps=5, after_steps=1, collections=["activations"], loss_spike=None,
+                        reductions=["min", "max", "l2"]))
     model = torch.nn.Sequential()
     model.add_module("fc", torch.nn.Linear(4, 8))
     model.add_module("scale", _Scale())

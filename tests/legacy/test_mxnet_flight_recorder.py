@@ -76,7 +76,8 @@ def run(tmp_path_factory):
     hook = smd.Hook(out_dir=out, save_config=smd.SaveConfig(save_interval=500),
                     flight_recorder=smd.FlightRecorderConfig(
                         steps=N, after_steps=K, collections=["acts", "gradients", "weights",
-                                                             "biases", "losses"]))
+                                                             "biases", "losses"],
+                        reductions=["min", "max", "mean", "std", "l2"]))
     _train(hook, poison + K + 5, poison)
     return out, poison
 

@@ -24,7 +24,8 @@ REDUCTIONS = ("min", "max", "mean", "std", "l2")
 def trials(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("flight") / "run")
     config = smd.FlightRecorderConfig(steps=N, after_steps=K, raw=True,
-                                      collections=["gradients", "activations", "losses"])
+                                      collections=["gradients", "activations", "losses"],
+                                      reductions=list(REDUCTIONS))
     train(out, steps=POISON + 20, poison_step=POISON, recorder=config)
     return smd_create_trial(out), ml_create_trial(out)
 

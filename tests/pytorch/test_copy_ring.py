@@ -195,7 +195,8 @@ def test_a_ring_whose_steps_are_not_checked_sums_nothing_and_a_partial_slot_is_s
 def test_a_recorded_run_dumps_the_same_values_with_copies_and_without(tmp_path, monkeypatch):
     """The recorder's default reductions of every gradient and activation, dumped around a NaN,
     are those the recorder computes without copies (the same run, copies turned off)."""
-    config = FlightRecorderConfig(steps=20, after_steps=5, collections=["gradients", "activations", "losses"])
+    config = FlightRecorderConfig(steps=20, after_steps=5, collections=["gradients", "activations", "losses"],
+                                  reductions=["min", "max", "mean", "std", "l2"])
     with_copies = str(tmp_path / "copies")
     train(with_copies, steps=40, poison_step=30, recorder=config)
     monkeypatch.setattr(TorchAdapter, "step_copies", lambda self, *args: None)
@@ -220,7 +221,8 @@ def test_a_recorded_run_dumps_the_same_values_with_copies_and_without(tmp_path, 
 
 
 def test_the_recorders_memory_counts_the_slots(tmp_path):
-    config = FlightRecorderConfig(steps=20, after_steps=5, collections=["gradients", "activations"])
+    config = FlightRecorderConfig(steps=20, after_steps=5, collections=["gradients", "activations"],
+                                  reductions=["min", "max", "mean", "std", "l2"])
     run = train(str(tmp_path / "run"), steps=25, poison_step=None, recorder=config)
     # 15 tensors of the test network (about 3,800 floats a step) in 22 slots, and the ring's own
     assert 22 * 4 * 3_500 < run.max_ring_bytes <= config.memory_budget

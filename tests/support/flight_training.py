@@ -67,6 +67,10 @@ class Run:
     max_ring_bytes: int = 0
 
 
+#: what these tests keep of each tensor: more than the default min and max, so that the
+#: recorder's copies (mltrace.pytorch.copy_ring) and several reductions per tensor are exercised
+FIVE_REDUCTIONS = ("min", "max", "mean", "std", "l2")
+
 def train(out_dir: str, steps: int, poison_step: int | None, recorder: Any = True,
           fault: str = "nan", loss_scale_at: int | None = None, on_step: Any = None,
           close: bool = True, **hook_args: Any) -> Run:
@@ -78,7 +82,8 @@ def train(out_dir: str, steps: int, poison_step: int | None, recorder: Any = Tru
     torch.manual_seed(0)
     smd.get_collection("activations").include(ACTIVATIONS)
     config = recorder if not isinstance(recorder, bool) else smd.FlightRecorderConfig(
-        steps=20, after_steps=5, collections=["gradients", "activations", "losses"])
+        steps=20, after_steps=5, collections=["gradients", "activations", "losses"],
+        reductions=list(FIVE_REDUCTIONS))
     hook_args.setdefault("save_config", smd.SaveConfig(save_interval=500))
     hook = smd.Hook(out_dir=out_dir, include_collections=["losses"], flight_recorder=config,
                     **hook_args)

@@ -117,7 +117,8 @@ def test_a_manual_dump_and_collections_named_for_the_recorder(tmp_path, caplog):
     dumper = DumpAt()
     out = str(tmp_path / "run")
     config = smd.FlightRecorderConfig(
-        steps=3, after_steps=2, collections=["metrics", "predictions", "hyperparameters"])
+        steps=3, after_steps=2, collections=["metrics", "predictions", "hyperparameters"],
+        reductions=["min", "max", "mean", "l2"])
     train, val = make_data()
     hook = smd.Hook(out_dir=out, save_config=smd.SaveConfig(save_interval=500),
                     include_collections=["metrics", "hyperparameters"], flight_recorder=config,
