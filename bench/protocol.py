@@ -115,8 +115,10 @@ def machine(extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
 
 
 def warn_if_busy(stream: Any = sys.stderr) -> bool:
-    """Print a warning when the machine looks busy; True if it does."""
-    load = load_per_core()
+    """Print a warning when the machine looks busy beyond the benchmark's own process (one
+    runnable process is the benchmark); True if it does."""
+    cores = os.cpu_count() or 1
+    load = max(0.0, load_per_core() * cores - 1.0) / cores
     if load > BUSY_LOAD_PER_CORE:
         print(f"warning: load average {load:.2f} per core: something else runs on this machine; "
               "ratios measured now are not to be trusted", file=stream)

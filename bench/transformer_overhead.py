@@ -273,32 +273,41 @@ def measure(settings: list[str], steps: int, long_steps: int, runs: int, workdir
 
 
 def report(results: dict[str, protocol.Measured]) -> list[str]:
-    """The ratios the targets are stated in, each from the medians of this run."""
-    def added(name: str, base: str = "none") -> float | None:
-        if name in results and base in results:
-            return results[name].median - results[base].median
-        return None
+    """The ratios the targets are stated in: of the medians' added times, and paired (round k
+    of one setting against round k of the other, each less round k of its baseline: a machine
+    that slows down for a while moves both), the median and range over rounds."""
+    def ratio(ours: str, theirs: str, base: str) -> str | None:
+        if not {ours, theirs, base} <= set(results):
+            return None
+        a = results[ours].median - results[base].median
+        b = results[theirs].median - results[base].median
+        paired = [x / y for x, y in zip(protocol.added_runs(results, base, ours),
+                                        protocol.added_runs(results, base, theirs)) if y > 0]
+        text = f"{a:.2f} / {b:.2f} ms = {a / b:.2f}" if b > 0 else f"{a:.2f} / {b:.2f} ms"
+        if paired:
+            text += (f"; paired by round {protocol.median(paired):.2f} "
+                     f"({min(paired):.2f}..{max(paired):.2f})")
+        return text
 
     lines = []
-    pairs = [("reductions", "by_hand", "reductions / by hand (target <= 1.2)"),
-             ("reductions", "by_hand_two_pass", "reductions / by hand, two-pass std (no target)"),
-             ("raw", "tofile", "raw / numpy tofile (target <= 1.5)"),
-             ("raw", "smdebug", "mltrace / smdebug, raw every step (target <= 1/15 = 0.067)"),
-             ("raw", "wandb", "mltrace / W&B watch, raw every step (target <= 1/15 = 0.067)")]
-    for ours, theirs, what in pairs:
-        a, b = added(ours), added(theirs)
-        if a is not None and b is not None and b > 0:
-            lines.append(f"{what}: {a:.2f} / {b:.2f} ms = {a / b:.2f}")
-    base = results.get("none_long")
-    if base is not None:
+    pairs = [("reductions", "by_hand", "none", "reductions / by hand (target <= 1.2)"),
+             ("reductions", "by_hand_two_pass", "none", "reductions / by hand, two-pass std (no target)"),
+             ("raw", "tofile", "none", "raw / numpy tofile (target <= 1.5)"),
+             ("raw", "smdebug", "none", "mltrace / smdebug, raw every step (target <= 1/15 = 0.067)"),
+             ("raw", "wandb", "none", "mltrace / W&B watch, raw every step (target <= 1/15 = 0.067)"),
+             ("i100_recorder", "recorder_by_hand", "none_long",
+              "i100 + recorder / recorder by hand (its share: target <= 1.2)")]
+    for ours, theirs, base, what in pairs:
+        text = ratio(ours, theirs, base)
+        if text is not None:
+            lines.append(f"{what}: {text}")
+    base_long = results.get("none_long")
+    if base_long is not None:
         for name in ("i100", "i100_recorder"):
-            a = added(name, "none_long")
-            if a is not None:
-                lines.append(f"{name}: +{a:.2f} ms/step = {100 * a / base.median:+.1f}% of the step"
+            if name in results:
+                a = results[name].median - base_long.median
+                lines.append(f"{name}: {a:+.2f} ms/step = {100 * a / base_long.median:+.1f}% of the step"
                              + (" (target <= 3%)" if name == "i100_recorder" else ""))
-        a, b = added("i100_recorder", "i100"), added("recorder_by_hand", "none_long")
-        if a is not None and b is not None and b > 0:
-            lines.append(f"recorder / by hand: {a:.2f} / {b:.2f} ms = {a / b:.2f} (target <= 1.2)")
     return lines
 
 
