@@ -161,12 +161,13 @@ def test_the_wheel_holds_the_three_packages_and_nothing_else(dists):
     assert f"\nVersion: {_source_version()}\n" in metadata
     assert dists["wheel"].name == f"mltrace-{_source_version()}-py3-none-any.whl"
     assert re.search(r"Requires-Dist: torch[^\n]*extra == \"pytorch\"", metadata)
+    assert any(n.endswith("/LICENSE") for n in meta), sorted(meta)  # the Apache-2.0 text ships
 
 
 def test_the_sdist_holds_the_sources_and_no_tests(dists):
     with tarfile.open(dists["sdist"]) as sdist:
         names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
-    for needed in ("setup.py", "setup.cfg", "pyproject.toml", "README.md", "CHANGELOG.md",
+    for needed in ("setup.py", "setup.cfg", "pyproject.toml", "README.md", "CHANGELOG.md", "LICENSE",
                    "tb_plugin/static/index.js", "mltrace/launch/bootstrap/sitecustomize.py",
                    "mlflow_plugin/context.py"):
         assert needed in names
