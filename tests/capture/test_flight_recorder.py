@@ -23,6 +23,7 @@ from mltrace.exceptions import MltraceValueError
 from mltrace.format.flight_record import read_records, record_key, write_request
 from mltrace.storage import open_storage
 from mltrace.trials import create_trial
+from tests.support.flight_records import FIVE_REDUCTIONS
 from tests.support.flight_training import POISONED, train
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -46,7 +47,7 @@ def test_a_nan_at_a_random_step_dumps_the_steps_around_it_and_names_the_poisoned
     assert trial.steps() == [0] + window  # save_interval=500 alone would have kept step 0
     for step in window:  # full resolution: every recorded tensor's reductions at every step
         for name in ACTS + GRADS:
-            for red in ("min", "max", "mean", "std", "l2"):
+            for red in FIVE_REDUCTIONS:
                 assert np.isscalar(trial.tensor(name).reduction_value(step, red)) or \
                     trial.tensor(name).reduction_value(step, red).size == 1
         assert trial.tensor("MSELoss_output_0").value(step).size == 1
@@ -344,7 +345,7 @@ def test_steps_that_only_record_take_the_quiet_path_and_record_what_the_full_pat
     assert sorted(a.tensor_names()) == sorted(b.tensor_names())
     for name in ACTS + GRADS:
         for step in a.steps()[1:]:
-            for red in ("min", "max", "mean", "std", "l2"):
+            for red in FIVE_REDUCTIONS:
                 np.testing.assert_array_equal(a.tensor(name).reduction_value(step, red),
                                               b.tensor(name).reduction_value(step, red),
                                               err_msg=f"{name} {red} step {step}")

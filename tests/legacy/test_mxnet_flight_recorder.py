@@ -20,6 +20,7 @@ from mltrace.exceptions import MltraceValueError
 from mltrace.format.flight_record import read_records
 from mltrace.storage import open_storage
 from mltrace.trials import create_trial
+from tests.support.flight_records import FIVE_REDUCTIONS
 
 N, K = 6, 3
 ACTS = ["dense0_output_0", "poison0_output_0", "dense1_output_0", "dense2_output_0"]
@@ -77,7 +78,7 @@ def run(tmp_path_factory):
                     flight_recorder=smd.FlightRecorderConfig(
                         steps=N, after_steps=K, collections=["acts", "gradients", "weights",
                                                              "biases", "losses"],
-                        reductions=["min", "max", "mean", "std", "l2"]))
+                        reductions=list(FIVE_REDUCTIONS)))
     _train(hook, poison + K + 5, poison)
     return out, poison
 
@@ -89,7 +90,7 @@ def test_the_steps_around_the_nan_are_in_the_trial_at_full_resolution(run):
     assert trial.steps() == [0] + window
     for step in window:
         for name in ACTS + PARAMS + GRADS:
-            for red in ("min", "max", "mean", "std", "l2"):
+            for red in FIVE_REDUCTIONS:
                 assert np.size(trial.tensor(name).reduction_value(step, red)) == 1
         # Gluon's losses are per sample: kept as reductions, as any non-scalar tensor
         assert np.size(trial.tensor(LOSS).reduction_value(step, "mean")) == 1

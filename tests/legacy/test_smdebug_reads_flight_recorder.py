@@ -14,10 +14,11 @@ from smdebug.trials import create_trial as smd_create_trial
 
 import mltrace.pytorch as smd
 from mltrace.trials import create_trial as ml_create_trial
+from tests.support.flight_records import FIVE_REDUCTIONS
 from tests.support.flight_training import POISONED, train
 
 POISON, N, K = 47, 20, 5
-REDUCTIONS = ("min", "max", "mean", "std", "l2")
+REDUCTIONS = FIVE_REDUCTIONS
 
 
 @pytest.fixture(scope="module")

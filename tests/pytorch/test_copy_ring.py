@@ -13,6 +13,7 @@ from mltrace.capture.recorder_config import FlightRecorderConfig
 from mltrace.pytorch.adapter import TorchAdapter
 from mltrace.pytorch.copy_ring import MISSES_TO_STOP, CopiedStep, CopyRing
 from mltrace.trials import create_trial
+from tests.support.flight_records import FIVE_REDUCTIONS
 from tests.support.flight_training import POISONED, train
 
 DEFAULT = [("min", False), ("max", False), ("mean", False), ("std", False), ("l2", False)]
@@ -196,7 +197,7 @@ def test_a_recorded_run_dumps_the_same_values_with_copies_and_without(tmp_path, 
     """The recorder's default reductions of every gradient and activation, dumped around a NaN,
     are those the recorder computes without copies (the same run, copies turned off)."""
     config = FlightRecorderConfig(steps=20, after_steps=5, collections=["gradients", "activations", "losses"],
-                                  reductions=["min", "max", "mean", "std", "l2"])
+                                  reductions=list(FIVE_REDUCTIONS))
     with_copies = str(tmp_path / "copies")
     train(with_copies, steps=40, poison_step=30, recorder=config)
     monkeypatch.setattr(TorchAdapter, "step_copies", lambda self, *args: None)
@@ -210,7 +211,7 @@ def test_a_recorded_run_dumps_the_same_values_with_copies_and_without(tmp_path, 
     compared = 0
     for name in names:
         for step in a.tensor(name).steps():
-            for red in ("min", "max", "mean", "std", "l2"):
+            for red in FIVE_REDUCTIONS:
                 x = a.tensor(name).reduction_value(step, red)
                 y = b.tensor(name).reduction_value(step, red)
                 if x is None and y is None:
@@ -222,7 +223,7 @@ def test_a_recorded_run_dumps_the_same_values_with_copies_and_without(tmp_path, 
 
 def test_the_recorders_memory_counts_the_slots(tmp_path):
     config = FlightRecorderConfig(steps=20, after_steps=5, collections=["gradients", "activations"],
-                                  reductions=["min", "max", "mean", "std", "l2"])
+                                  reductions=list(FIVE_REDUCTIONS))
     run = train(str(tmp_path / "run"), steps=25, poison_step=None, recorder=config)
     # 15 tensors of the test network (about 3,800 floats a step) in 22 slots, and the ring's own
     assert 22 * 4 * 3_500 < run.max_ring_bytes <= config.memory_budget

@@ -6,6 +6,10 @@ from __future__ import annotations
 from mltrace.format.flight_record import Dump, FirstNonFinite, FlightRecord, record_key
 from mltrace.storage import open_storage
 
+#: what the recorder tests keep of each tensor: more than the default min and max, so that the
+#: recorder's copies (mltrace.pytorch.copy_ring) and several reductions per tensor are exercised
+FIVE_REDUCTIONS = ("min", "max", "mean", "std", "l2")
+
 POISONED = "Net_relu2_output_0"
 
 

@@ -28,6 +28,7 @@ from torch import nn
 
 import mltrace.pytorch as smd
 from tests.support.fault_training import limit_file_size
+from tests.support.flight_records import FIVE_REDUCTIONS
 
 POISONED = "fc2_output_0"
 ACTIVATIONS = r"^(fc\d|relu\d)_output_0$"
@@ -66,10 +67,6 @@ class Run:
     losses: list[float] = field(default_factory=list)
     max_ring_bytes: int = 0
 
-
-#: what these tests keep of each tensor: more than the default min and max, so that the
-#: recorder's copies (mltrace.pytorch.copy_ring) and several reductions per tensor are exercised
-FIVE_REDUCTIONS = ("min", "max", "mean", "std", "l2")
 
 def train(out_dir: str, steps: int, poison_step: int | None, recorder: Any = True,
           fault: str = "nan", loss_scale_at: int | None = None, on_step: Any = None,

@@ -23,6 +23,7 @@ from mltrace.exceptions import MltraceValueError
 from mltrace.format.flight_record import read_records
 from mltrace.storage import open_storage
 from mltrace.trials import create_trial
+from tests.support.flight_records import FIVE_REDUCTIONS
 
 N, K = 5, 3
 LAYERS = ["d1/inputs", "d1/outputs", "poison/inputs", "poison/outputs", "d2/inputs", "d2/outputs",
@@ -69,7 +70,7 @@ def _fit(out_dir: str, batches: int, poison_at: int | None, config=None, extra=l
     model.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss="mse", run_eagerly=run_eagerly)
     config = config or smd.FlightRecorderConfig(steps=N, after_steps=K,
                                                 collections=["layers", "gradients", "losses"],
-                                                reductions=["min", "max", "mean", "std", "l2"])
+                                                reductions=list(FIVE_REDUCTIONS))
     hook = smd.KerasHook(out_dir=out_dir, save_config=smd.SaveConfig(save_interval=500),
                          flight_recorder=config)
     x = np.random.default_rng(0).standard_normal((batches * 4, 4)).astype("float32")
@@ -90,7 +91,7 @@ def test_a_nan_in_the_middle_of_a_keras_model_dumps_the_steps_around_it(tmp_path
     assert trial.steps() == [0] + window  # save_interval=500 alone keeps step 0 only
     for step in window:  # full resolution: every recorded tensor, every step
         for name in LAYERS + GRADS:
-            for red in ("min", "max", "mean", "std", "l2"):
+            for red in FIVE_REDUCTIONS:
                 assert np.size(trial.tensor(name).reduction_value(step, red)) == 1
         assert trial.tensor("loss").value(step).item() == pytest.approx(logged.losses[step], rel=1e-6,
                                                                           nan_ok=True)
