@@ -84,13 +84,13 @@ os.environ.setdefault("MLTRACE_LOG_LEVEL", "error")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
-from pytorch_overhead import make_data, make_model, train_steps  # noqa: E402
 from torch import nn  # noqa: E402
 
 import mltrace.pytorch as smd  # noqa: E402
 from mltrace.capture.recorder_config import DEFAULT_REDUCTIONS  # noqa: E402
 
 import protocol  # noqa: E402
+from pytorch_overhead import make_data, make_model, train_steps  # noqa: E402
 
 VARIANTS = ("none", "hook", "recorder", "recorder_nocheck", "recorder_nocheck_one_op", "recorder_minmax",
             "recorder_minmax_nocheck", "saving", "noop_hooks", "lean", "lean_minmax")

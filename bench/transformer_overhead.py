@@ -61,6 +61,7 @@ import torch
 from torch import nn
 
 import protocol
+import pytorch_overhead
 from nanogpt import GPTConfig, LanguageModelLoss, make_batches, make_model, make_optimizer
 
 COLLECTIONS = ["weights", "biases", "gradients", "losses"]
@@ -187,23 +188,9 @@ class RecorderByHand(Monitor):
             handle.remove()
 
 
-class WandbWatch(Monitor):
-    """W&B's ``watch(model, log="all", log_freq=1)`` in an offline run, the loss logged."""
-
-    def __init__(self, out_dir: str, model: nn.Module) -> None:
-        import wandb
-
-        os.makedirs(out_dir, exist_ok=True)
-        settings = wandb.Settings(console="off", x_disable_stats=True, x_disable_machine_info=True,
-                                  silent=True)
-        self.run = wandb.init(mode="offline", dir=out_dir, project="mltrace-bench", settings=settings)
-        self.run.watch(model, log="all", log_freq=1)
-
-    def after_step(self, loss: torch.Tensor) -> None:
-        self.run.log({"loss": loss.item()})
-
-    def close(self) -> None:
-        self.run.finish()
+class WandbWatch(pytorch_overhead.WandbWatch, Monitor):
+    """W&B's ``watch(model, log="all")`` in an offline run, the loss logged after each step: the
+    MLP benchmark's (bench/pytorch_overhead.py), the same settings, as a Monitor."""
 
 
 def monitor(setting: str, out_dir: str, model: nn.Module, loss: nn.Module) -> Monitor:
@@ -225,7 +212,7 @@ def monitor(setting: str, out_dir: str, model: nn.Module, loss: nn.Module) -> Mo
     if setting == "recorder_by_hand":
         return RecorderByHand(model)
     if setting == "wandb":
-        return WandbWatch(out_dir, model)
+        return WandbWatch(out_dir, 1, model)
     raise SystemExit(f"unknown setting {setting!r}: choose from {', '.join(SETTINGS)}")
 
 

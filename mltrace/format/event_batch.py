@@ -69,9 +69,9 @@ class EventBatchEncoder:
         heads = self._heads
         for name, array in records:
             key = (name, array.dtype, array.shape)
-            head = heads.get(key, b"")
-            if head == b"":
-                head = heads[key] = _value_head(name, array)
+            if key not in heads:  # a tensor not seen before (None: not a template's)
+                heads[key] = _value_head(name, array)
+            head = heads[key]
             if head is None:  # text, bfloat16 bits, big-endian: the general encoder
                 parts: tuple[bytes, ...] = events.tensor_event_parts(
                     name, array, step, mode, mode_step, wall_time)
