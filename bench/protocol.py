@@ -18,7 +18,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,10 +77,7 @@ def added_runs(measured: Mapping[str, Measured], baseline: str, name: str) -> li
 
 def load_per_core() -> float:
     """The one-minute load average per core (0.0 where the OS does not say)."""
-    try:
-        return os.getloadavg()[0] / (os.cpu_count() or 1)
-    except OSError:
-        return 0.0
+    return load_average() / (os.cpu_count() or 1)
 
 
 def commit() -> str:
@@ -131,13 +128,6 @@ def timed(run: Callable[[], Any]) -> float:
     start = time.perf_counter()
     run()
     return time.perf_counter() - start
-
-
-def table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
-    """A Markdown table of ``rows`` (cells turned to text as they are)."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 # -- helpers several scripts share (added with the port of the bench scripts) ----------------------
