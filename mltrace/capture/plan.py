@@ -71,6 +71,8 @@ class SavePlan:
         self.members_version = 0
         self._due: frozenset[Collection] = frozenset()
         self._warned_missing: set[str] = set()
+        #: Collections an adapter creates when they are named: offered for a misspelt name.
+        self.suggestions: frozenset[str] = frozenset()
         for coll in manager.get_collections().values():
             self.adopt(coll)
 
@@ -189,8 +191,9 @@ class SavePlan:
         if not missing:
             return
         self._warned_missing.update(missing)
+        offered = list(known) + sorted(self.suggestions - set(known))
         hints = "".join(f" Did you mean {close[0]!r} for {n!r}?" for n in missing
-                        if (close := difflib.get_close_matches(n, list(known), n=1)))
+                        if (close := difflib.get_close_matches(n, offered, n=1)))
         logger.warning(
             "include_collections names %s, but no collection of that name existed when the first "
             "step started, so nothing is saved for it.%s Known collections: %s. Create a collection "

@@ -10,16 +10,18 @@ import torch
 import torch.distributed as dist
 
 from mltrace.capture.hook import check_tensor_name
-from mltrace.collections import GRADIENT_PREFIX
+from mltrace.collections import GRADIENT_PREFIX, CollectionKeys
 from mltrace.exceptions import MltraceTypeError, MltraceValueError
 from mltrace.pytorch.adapter_state import STEP_BOUNDARIES
 from mltrace.pytorch.boundary import StepBoundary
+from mltrace.pytorch.collection import DEFAULT_COLLECTIONS
 from mltrace.pytorch.compiled import class_name, unwrap
 from mltrace.pytorch.gradients import Gradients
 from mltrace.pytorch.module_hooks import forward_hook
 from mltrace.pytorch.module_io import ModuleIO
 from mltrace.pytorch.saving import ShardedSaves
 from mltrace.pytorch.values import Reduced
+from mltrace.stability.signals import STABILITY, collection_regexes, without_signals
 
 __all__ = ["STEP_BOUNDARIES", "Reduced", "TorchAdapter"]
 
@@ -42,8 +44,10 @@ class TorchAdapter(StepBoundary, ModuleIO, Gradients, ShardedSaves):
         return "worker_0", 1
 
     def on_prepare(self) -> None:
-        """Turn modules added with Collection.add_module_tensors into regexes of their names."""
+        """Turn modules added with Collection.add_module_tensors into regexes of their names;
+        give the stability collections named (mltrace.stability.signals) their regexes."""
         assert self.hook is not None
+        self._stability_collections()
         for coll in self.hook.collection_manager.get_collections().values():
             for module, (inputs, outputs) in getattr(coll, "modules", {}).items():
                 name = self.names.get(id(module))
@@ -56,6 +60,25 @@ class TorchAdapter(StepBoundary, ModuleIO, Gradients, ShardedSaves):
                     coll.include(f"^{re.escape(name)}_input_")
                 if outputs:
                     coll.include(f"^{re.escape(name)}_output_")
+
+    def _stability_collections(self) -> None:
+        """The stability collections exist once named (include_collections, a JSON
+        configuration, ``hook.get_collection``; ``stability`` brings every signal collection),
+        so a trial that does not save them lists none.
+        When saved, smdebug's weights and biases regexes leave their tensors out."""
+        assert self.hook is not None
+        plan, manager = self.hook.plan, self.hook.collection_manager
+        plan.suggestions = frozenset(collection_regexes(""))  # for a misspelt name's warning
+        every = STABILITY in plan.include_collections or STABILITY in manager.collections
+        named = [(name, regexes) for name, regexes in collection_regexes(DEFAULT_COLLECTIONS["losses"][0]).items()
+                 if every or name in plan.include_collections or name in manager.collections]
+        for name, regexes in named:
+            self.hook.get_collection(name).include(regexes)
+        if any(name in plan.include_collections for name, _ in named):
+            for key in (CollectionKeys.WEIGHTS, CollectionKeys.BIASES):
+                coll = manager.collections.get(key)
+                if coll is not None:
+                    coll.include_regex = [without_signals(r) for r in coll.include_regex]
 
     def on_prepared(self) -> None:
         """Keep only the callbacks whose tensors a saved collection can match."""
@@ -72,6 +95,10 @@ class TorchAdapter(StepBoundary, ModuleIO, Gradients, ShardedSaves):
         self._gradients.clear()
         for module, entry in zip(self.modules, self.entries):
             self._install_tensor_hooks(module, entry)
+        saved = {c.name for c in plan.saved}
+        self.stability.attach(self.hook)
+        self.stability.prepared([(self.names[id(m)], m) for m in self.modules],
+                                everything=STABILITY in saved, named=saved)
 
     def register_module(self, module: torch.nn.Module, root: str | None = None) -> None:
         """Attach to a model: step boundaries, parameters, gradients, module I/O. ``module`` may
@@ -97,6 +124,8 @@ class TorchAdapter(StepBoundary, ModuleIO, Gradients, ShardedSaves):
         self._attach_boundary(module, inner)
         self._install_tensor_hooks(inner, module)
         assert self.hook is not None
+        if self.hook.plan.prepared:
+            self.stability.add_model(root, inner)
         recording = self.hook.recording
         if recording is not None:  # a flight recorder's budget too small for one step raises
             sizes = [(n, p.numel() * p.element_size()) for n, p in inner.named_parameters()]
@@ -131,6 +160,7 @@ class TorchAdapter(StepBoundary, ModuleIO, Gradients, ShardedSaves):
         only = self.hook.recording_only
         self._keep = only.recorder.keep if only is not None else None
         self._gradient_hooks(self.hook.step_active)
+        self.stability.begin_step(self.hook.step_active)
 
     def on_step_end(self) -> None:
         """Save module outputs recorded in a compiled region not yet drained (a compiled loss),
@@ -139,15 +169,19 @@ class TorchAdapter(StepBoundary, ModuleIO, Gradients, ShardedSaves):
             self._drain_traced()
         if self._sharded_saves:
             self._save_sharded_reductions()
+        self.stability.end_step()
 
     def on_finish(self) -> None:
-        """The last step's reductions of sharded tensors, before the hook writes it."""
+        """The last step's reductions of sharded tensors and stability signals, before the
+        hook writes it."""
         self._save_sharded_reductions()
+        self.stability.end_step()
 
     def on_closed(self) -> None:
         """Take the hook's callbacks out of torch.optim and the GradScaler. A rank that writes
         nothing still takes part in combining the last sharded reductions (see on_finish)."""
         self._save_sharded_reductions()
+        self.stability.remove()
         self.optimizer_steps.remove()
         if self.scaler is not None:
             self.scaler.remove()

@@ -12,6 +12,7 @@ from mltrace.exceptions import MltraceValueError
 from mltrace.pytorch.compiled import TracedIO
 from mltrace.pytorch.optim import OptimizerSteps, ScalerWatch
 from mltrace.pytorch.sharded import ReductionBatch
+from mltrace.pytorch.stability.probe import StabilityProbe
 from mltrace.pytorch.values import TorchValues
 
 if TYPE_CHECKING:
@@ -71,6 +72,8 @@ class TorchAdapterState(TorchValues):
         # Reductions of sharded tensors (FSDP2), combined across ranks once per step
         self._sharded = ReductionBatch()
         self._sharded_saves: list[tuple[str, tuple[int, ...], ReductionItems]] = []
+        #: The transformer-stability signals (mltrace.pytorch.stability), when saved
+        self.stability = StabilityProbe(self.names, self.warn_once)
 
     if TYPE_CHECKING:  # implemented by the parts; declared here for the parts that call them
         def save(self, name: str, value: Any) -> None: ...
