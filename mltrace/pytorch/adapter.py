@@ -175,7 +175,7 @@ class TorchAdapter(StepBoundary, ModuleIO, Gradients, ShardedSaves):
         """The last step's reductions of sharded tensors and stability signals, before the
         hook writes it."""
         self._save_sharded_reductions()
-        self.stability.end_step()
+        self.stability.finish()
 
     def on_closed(self) -> None:
         """Take the hook's callbacks out of torch.optim and the GradScaler. A rank that writes

@@ -108,3 +108,20 @@ def test_fsdp2_reductions_of_a_step_share_a_few_all_reduces(tmp_path: Path) -> N
     for rank in range(2):
         per_step = json.loads((tmp_path.parent / f"{tmp_path.name}-collectives" / f"rank{rank}.json").read_text())
         assert per_step == [3] * len(per_step), (rank, per_step)
+
+
+def test_fsdp2_stability_signals_equal_one_process(tmp_path: Path) -> None:
+    """Grad norms, updates and Adam's state of sharded parameters are combined from the local
+    shards (sums and maxima all-reduced, nothing gathered) and equal the one-process values to
+    1e-6 relative: the Linear of 1 output row leaves one of the 2 ranks with an empty shard."""
+    _run(tmp_path / "single", 0, "--stability")
+    _run(tmp_path / "fsdp", 2, "--stability")
+    got, want = _by_name(tmp_path / "fsdp"), _by_name(tmp_path / "single")
+    signals = [n for n in want if not n.startswith("MSELoss")]
+    assert "grad_norm/Sequential" in signals and "optimizer_state/Sequential_4.weight/eps_fraction" in signals
+    assert "updates/Sequential_4.bias/ratio" in signals
+    assert sorted(got) == sorted(want)
+    for name in signals:
+        for step, value in want[name].items():
+            np.testing.assert_allclose(got[name][step], value, rtol=1e-6, atol=1e-12,
+                                       err_msg=f"{name} step {step}")

@@ -7,9 +7,11 @@ single-process gradient of the whole batch. The Linear layers have 16, 5 and 1 o
 2 and 4 ranks their shards are uneven, and some ranks hold no row of the last one.
 
     python tests/support/fsdp_training.py OUT_DIR [--steps N] [--reductions-only] [--single]
-        [--include-workers one|all]
+        [--include-workers one|all] [--stability]
 
-``--single`` trains in this one process without torch.distributed (the reference run). Each rank
+``--single`` trains in this one process without torch.distributed (the reference run).
+``--stability`` trains with AdamW and saves the optimizer-side stability signals (grad norms,
+updates, Adam's state) instead of the parameters. Each rank
 writes the all-reduces mltrace issued in each step to ``OUT_DIR-collectives/rank<N>.json``.
 Imports only the stdlib, torch, mltrace and tests/support/ddp_training.py (to end a rank).
 """
@@ -40,7 +42,7 @@ def _batches(steps: int):  # type: ignore[no-untyped-def]
 
 
 def train(out_dir: str, steps: int, reductions_only: bool, single: bool,
-          include_workers: str = "one") -> None:
+          include_workers: str = "one", stability: bool = False) -> None:
     import torch
     import torch.distributed as dist
     from torch import nn
@@ -61,13 +63,16 @@ def train(out_dir: str, steps: int, reductions_only: bool, single: bool,
     reduction_config = smd.ReductionConfig(
         reductions=["mean", "max", "min", "std"], abs_reductions=["max"], norms=["l2"],
         save_raw_tensor=False) if reductions_only else None
+    collections = ["grad_norms", "updates", "optimizer_state", "losses"] if stability else \
+        ["weights", "biases", "gradients", "losses"]
     hook = smd.Hook(out_dir=out_dir, save_config=smd.SaveConfig(save_interval=1),
-                    include_collections=["weights", "biases", "gradients", "losses"],
+                    include_collections=collections,
                     reduction_config=reduction_config, include_workers=include_workers)
     loss_fn = nn.MSELoss()
     hook.register_module(model)
     hook.register_loss(loss_fn)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01) if stability else \
+        torch.optim.SGD(model.parameters(), lr=0.1)
     rows = BATCH // world
     from mltrace.pytorch.sharded import collectives_issued, reset_bytes_moved
 
@@ -98,9 +103,11 @@ def main() -> None:
     parser.add_argument("--reductions-only", action="store_true")
     parser.add_argument("--single", action="store_true")
     parser.add_argument("--include-workers", default="one", choices=["one", "all"])
+    parser.add_argument("--stability", action="store_true")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    train(args.out_dir, args.steps, args.reductions_only, args.single, args.include_workers)
+    train(args.out_dir, args.steps, args.reductions_only, args.single, args.include_workers,
+          args.stability)
 
 
 if __name__ == "__main__":

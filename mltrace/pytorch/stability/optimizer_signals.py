@@ -181,7 +181,8 @@ def _parameter_partials(p: torch.Tensor, before: torch.Tensor | None, state: dic
         m, v = _local(state["exp_avg"]).detach(), _local(state["exp_avg_sq"]).detach().float()
         beta2, eps = float(group["betas"][1]), float(group["eps"])
         step = state.get("step", 1)
-        correction = 1 - beta2 ** (step.to(device=device, dtype=torch.float32) if torch.is_tensor(step) else float(step))
+        t = step.to(device=device, dtype=torch.float64) if torch.is_tensor(step) else float(step)
+        correction = torch.as_tensor(1 - beta2 ** t, dtype=torch.float64, device=device).float()
         limit = (EPS_DOMINANCE_FACTOR * eps) ** 2 * correction  # sqrt(v / correction) < 10 eps
         positive = v > 0
         grad = p.grad

@@ -46,6 +46,7 @@ from mltrace.stability.signals import (
     GRAD_NORMS,
     LOGITS,
     OPTIMIZER_STATE,
+    PREFIXES,
     QUANTITIES,
     SIGNAL_COLLECTIONS,
     UPDATES,
@@ -56,6 +57,27 @@ if TYPE_CHECKING:
     from mltrace.capture.hook import Hook
 
 _LOGIT_MERGES = ("mean", "max", "max", "mean")  # of QUANTITIES[LOGITS], over a step's calls
+
+
+#: What each signal collection needs of the model and the training loop, said when it stays empty.
+_WHY_EMPTY = {
+    ATTENTION: "no torch.nn.functional.scaled_dot_product_attention call, nor softmax over 4-D "
+               "attention scores, came from a module of the registered model (a model without "
+               "attention, or one that imported those functions before the hook was created: "
+               "create the hook before building the model)",
+    LOGITS: "the registered model's output holds no logits (see the warning above)",
+    ACTIVATIONS: "no submodule of the registered model returned a floating-point tensor",
+    GRAD_NORMS: "no optimizer.step() ran with gradients on the registered model's parameters "
+                "(grad norms are read when torch.optim steps)",
+    UPDATES: "no optimizer.step() ran on the registered model's parameters",
+    OPTIMIZER_STATE: "the optimizer keeps no Adam state (exp_avg, exp_avg_sq): it is recorded for "
+                     "Adam-family optimizers (Adam, AdamW, NAdam, RAdam); grad_norms and updates "
+                     "work with any torch.optim optimizer",
+}
+
+
+#: Signals of the forward pass: a step that saves them and has none says so at once.
+_PER_FORWARD = frozenset({ATTENTION, LOGITS, ACTIVATIONS})
 
 
 def _probe_name(collection: str) -> str:
@@ -98,6 +120,7 @@ class StabilityProbe:
         self._attached: set[int] = set()
         self._handles: list[Any] = []
         self._optimizer_handles: list[Any] = []
+        self._seen: set[str] = set()  # prefixes of the signals saved so far
 
     # -- set-up ---------------------------------------------------------------------------------
     def attach(self, hook: Hook) -> None:
@@ -157,12 +180,31 @@ class StabilityProbe:
                                   OPTIMIZER_STATE in self.due)
 
     def end_step(self) -> None:
-        """Save the step's signals (one host copy per device)."""
-        if not len(self.signals):
-            return
+        """Save the step's signals (one host copy per device); say once which asked-for
+        signal a step that saved them had none of, and how to get it."""
+        taken = self.signals.take() if len(self.signals) else []
+        if self.due:
+            found = {name.split("/", 1)[0] + "/" for name, _ in taken}
+            self._seen |= found
+            stepped = bool(found & {PREFIXES[GRAD_NORMS], PREFIXES[UPDATES]})
+            self._warn_empty([c for c in self.due if c in _PER_FORWARD or (stepped and c == OPTIMIZER_STATE)])
         assert self.hook is not None
-        for name, array in self.signals.take():
+        for name, array in taken:
             self.hook.save_for_tensor(name, array)
+
+    def finish(self) -> None:
+        """The last step's signals; then, for the optimizer's side, which asked-for signal the
+        whole run had none of (a step without optimizer.step() is not a reason on its own)."""
+        asked = bool(self.due)
+        self.end_step()
+        if asked or self._seen:
+            self._warn_empty([c for c in self.wanted if c not in _PER_FORWARD])
+
+    def _warn_empty(self, collections: list[str]) -> None:
+        for collection in collections:
+            if PREFIXES[collection] not in self._seen and not self.errors.disabled:
+                self.warn_once(f"stability-{collection}", "the %s collection stays empty: %s",
+                               collection, _WHY_EMPTY[collection])
 
     # -- callbacks ------------------------------------------------------------------------------
     def on_sdpa(self, query: torch.Tensor, key: torch.Tensor, attn_mask: torch.Tensor | None,
