@@ -84,6 +84,12 @@ def write_hook_trial(out_dir: str) -> None:
 
     torch.manual_seed(0)
     model = Mixed()
+    # Small multiples of 1/8 as weights and inputs, batches of 4 and a step of 1/8: every sum and
+    # product of the 3 steps is exact, so the values (and the files) are the same on every CPU,
+    # whatever order its kernels add in.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randint(-4, 5, p.shape) / 8)
     reductions = [r for r in ALL_REDUCTIONS if r not in ("l1", "l2")]
     config = smd.ReductionConfig(reductions=reductions, abs_reductions=[r for r in reductions if r in SMDEBUG_REDUCTIONS],
                                  norms=["l1", "l2"], abs_norms=["l1", "l2"])
@@ -94,9 +100,9 @@ def write_hook_trial(out_dir: str) -> None:
         hook.register_module(model)
         loss_fn = torch.nn.MSELoss()
         hook.register_loss(loss_fn)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.125)
         for step in range(3):
-            loss = loss_fn(model(torch.randn(5, 4)), torch.zeros(5, 1))
+            loss = loss_fn(model(torch.randint(-2, 3, (4, 4)).float()), torch.zeros(4, 1))
             opt.zero_grad()
             loss.backward()
             opt.step()
