@@ -137,6 +137,12 @@ class Outputs:
             if name not in written:
                 self._write_record(name, value)
 
+    def write_batch(self, records: list[tuple[str, np.ndarray]]) -> None:
+        """Write raw host records of the step together (one wall time; see Hook.save_host_arrays)."""
+        self._open_step()
+        assert self.writer is not None
+        self.writer.add_tensors(records, self._clock.mode, self._clock.mode_step)
+
     def write_collections(self) -> None:
         """(Re)write the collections file: tensor names are added to collections as seen."""
         if self.writer is not None:

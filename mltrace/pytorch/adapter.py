@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from mltrace.capture.hook import check_tensor_name
 from mltrace.collections import GRADIENT_PREFIX, CollectionKeys
+from mltrace.config import ReductionConfig
 from mltrace.exceptions import MltraceTypeError, MltraceValueError
 from mltrace.pytorch.adapter_state import STEP_BOUNDARIES
 from mltrace.pytorch.boundary import StepBoundary
@@ -73,7 +74,11 @@ class TorchAdapter(StepBoundary, ModuleIO, Gradients, ShardedSaves):
         named = [(name, regexes) for name, regexes in collection_regexes(DEFAULT_COLLECTIONS["losses"][0]).items()
                  if every or name in plan.include_collections or name in manager.collections]
         for name, regexes in named:
-            self.hook.get_collection(name).include(regexes)
+            coll = self.hook.get_collection(name)
+            coll.include(regexes)
+            if coll.reduction_config is None:  # small values: saved whole, whatever the hook's
+                coll.reduction_config = ReductionConfig(save_raw_tensor=True)
+            coll.save_histogram = False
         if any(name in plan.include_collections for name, _ in named):
             for key in (CollectionKeys.WEIGHTS, CollectionKeys.BIASES):
                 coll = manager.collections.get(key)

@@ -1,18 +1,20 @@
 """Gradient norms before the optimizer steps, and after it the update it applied and Adam's state.
 
 Each parameter's signals come from sums and maxima over its elements (count, sums of squares,
-absolute maxima, counts of elements past a threshold), computed on its device. For a sharded
-parameter (FSDP2's DTensor) they are computed over the local shard and combined across the
-ranks that hold the other shards: one all-reduce of the sums and one of the maxima per step, the
-full tensor never gathered, and the result the same as a single process's up to float rounding.
+absolute maxima, counts of elements past a threshold), computed on its device with torch's
+multi-tensor (``_foreach``) kernels, a few launches for all parameters rather than a few per
+parameter. For a sharded parameter (FSDP2's DTensor) they are computed over the local shard and
+combined across the ranks that hold the other shards: one all-reduce of the sums and one of the
+maxima per step, the full tensor never gathered, and the result the same as a single process's
+up to float rounding.
 
 The update is the parameter after ``optimizer.step()`` less a copy taken before it: that copy
-(one per parameter whose update is saved) exists only on steps that save updates.
+exists only on steps that save updates.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -24,35 +26,32 @@ from mltrace.stability.signals import (
     EPS_DOMINANCE_FACTOR,
     GRAD_NORMS,
     OPTIMIZER_STATE,
+    QUANTITIES,
     UPDATES,
     signal_name,
 )
 
-# Sums per parameter: update^2, weight-before^2, count, exp_avg^2, exp_avg_sq, count(v > 0),
+# Sums per parameter: update^2, weight-before^2, count, exp_avg^2, v_hat, count(v > 0),
 # count(v > 0 and sqrt(v_hat) within EPS_DOMINANCE_FACTOR of eps), grad^2.
 _D2, _W2, _N, _M2, _V, _VPOS, _VEPS, _G2 = range(8)
-_SUMS = 8
-# Maxima per parameter: |update|, |exp_avg|, exp_avg_sq.
+# Maxima per parameter: |update|, |exp_avg|, v_hat.
 _DMAX, _MMAX, _VMAX = range(3)
-_MAXES = 3
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    return t.to_local() if is_sharded(t) else t  # type: ignore[attr-defined]
+    return (t.to_local() if is_sharded(t) else t).detach()  # type: ignore[attr-defined]
 
 
-def _sum_sq(t: torch.Tensor) -> torch.Tensor:
-    t = t.detach().float()
-    return (t * t).sum()
+def _norms(tensors: Sequence[torch.Tensor], order: float) -> torch.Tensor:
+    """Each tensor's ``order``-norm in float32, in a few multi-tensor kernels; an empty tensor
+    (an uneven shard: this rank holds no row of the parameter) has norm 0."""
+    if not tensors:
+        return torch.zeros(0)
+    kept = [t if t.numel() else t.new_zeros(1) for t in tensors]
+    return torch.stack(torch._foreach_norm(kept, order)).float()
 
 
-def _abs_max(t: torch.Tensor) -> torch.Tensor:
-    if t.numel() == 0:  # an uneven shard: this rank holds no rows of the parameter
-        return torch.zeros((), dtype=torch.float32, device=t.device)
-    return t.detach().abs().max().float()
-
-
-def combine_across_shards(params: list[torch.Tensor], sums: torch.Tensor,
+def combine_across_shards(params: Sequence[torch.Tensor], sums: torch.Tensor,
                           maxes: torch.Tensor | None) -> None:
     """Add up ``sums`` (one row per parameter) and take the maxima of ``maxes`` over the ranks
     holding the shards of each sharded parameter, in place. Rows of unsharded parameters stay as
@@ -79,12 +78,10 @@ def combine_across_shards(params: list[torch.Tensor], sums: torch.Tensor,
 
 
 class OptimizerSignals:
-    """Grad norms, updates and Adam's state of the named parameters, for one step.
+    """Grad norms, updates and Adam's state of the registered models' parameters, per step.
 
     Args:
         signals: where the step's signals are kept until it ends.
-        model: the registered models' root names' parameters by id: ``{id(param): name}``,
-            asked afresh at each step that saves (``<model>_<param>`` names).
     """
 
     def __init__(self, signals: StepSignals) -> None:
@@ -114,85 +111,79 @@ class OptimizerSignals:
         """The gradients' norms (the model's and each parameter's), and copies of the
         parameters whose update is saved."""
         for root, params in self._owned(optimizer):
-            with_grad = [(n, p) for n, p in params if p.grad is not None]
             if self.updates:
                 for _, p in params:
                     self._before[id(p)] = p.detach().clone()
+            with_grad = [(n, p) for n, p in params if p.grad is not None]
             if not self.grad_norms or not with_grad:
                 continue
-            sums = torch.stack([_sum_sq(_local(p.grad)) for _, p in with_grad]).unsqueeze(1)  # type: ignore[arg-type]
-            combine_across_shards([p for _, p in with_grad], sums, None)
-            norms = sums.squeeze(1).sqrt()
-            self.signals.put_parts([signal_name(GRAD_NORMS, n) for n, _ in with_grad], norms, "l2")
-            self.signals.put(signal_name(GRAD_NORMS, root), sums.sum().sqrt(), "l2")
+            squares = _norms([_local(p.grad) for _, p in with_grad], 2.0).square().unsqueeze(1)  # type: ignore[arg-type]
+            combine_across_shards([p for _, p in with_grad], squares, None)
+            names = [signal_name(GRAD_NORMS, n) for n, _ in with_grad] + [signal_name(GRAD_NORMS, root)]
+            self.signals.put(names, torch.cat([squares.squeeze(1), squares.sum().reshape(1)]).sqrt(), "l2")
 
     def after_step(self, optimizer: torch.optim.Optimizer) -> None:
         """The updates the step applied and Adam's state (exp_avg, exp_avg_sq) after it."""
         if not (self.updates or self.state):
             return
         settings = {id(p): group for group in optimizer.param_groups for p in group["params"]}
-        rows: list[tuple[str, torch.Tensor, bool, bool]] = []
-        parts_sums, parts_max = [], []
+        updated: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+        adam: list[tuple[str, torch.Tensor, dict[str, Any]]] = []
         for _, params in self._owned(optimizer):
             for name, p in params:
                 before = self._before.pop(id(p), None)
+                if before is not None:
+                    updated.append((name, p, before))
                 state = optimizer.state.get(p, {}) if self.state else {}
-                adam = "exp_avg" in state and "exp_avg_sq" in state and "betas" in settings[id(p)]
-                if before is None and not adam:
-                    continue
-                sums, maxes = _parameter_partials(p, before, state if adam else None, settings[id(p)])
-                parts_sums.append(sums)
-                parts_max.append(maxes)
-                rows.append((name, p, before is not None, adam))
-        if not rows:
-            return
-        sums, maxes = torch.stack(parts_sums), torch.stack(parts_max)
-        combine_across_shards([p for _, p, _, _ in rows], sums, maxes)
-        for i, (name, _, updated, adam) in enumerate(rows):
-            s, m = sums[i], maxes[i]
-            if updated:
-                l2 = s[_D2].sqrt()
-                self.signals.put_parts([signal_name(UPDATES, name, q) for q in ("l2", "abs_max", "ratio")],
-                                       torch.stack([l2, m[_DMAX], l2 / s[_W2].sqrt()]))
-            if adam:
-                n = s[_N]
-                values = torch.stack([(s[_M2] / n).sqrt(), m[_MMAX], s[_V] / n, m[_VMAX],
-                                      s[_VEPS] / s[_VPOS].clamp_min(1), s[_G2] / s[_V]])
-                quantities = ("exp_avg_rms", "exp_avg_abs_max", "exp_avg_sq_mean", "exp_avg_sq_max",
-                              "eps_fraction", "grad_sq_ratio")
-                self.signals.put_parts([signal_name(OPTIMIZER_STATE, name, q) for q in quantities], values)
+                if "exp_avg" in state and "exp_avg_sq" in state and "betas" in settings[id(p)]:
+                    adam.append((name, p, state))
         self._before.clear()
+        if updated:
+            self._put_updates(updated)
+        if adam:
+            self._put_state(adam, settings)
 
+    def _put_updates(self, updated: list[tuple[str, torch.Tensor, torch.Tensor]]) -> None:
+        after = [_local(p) for _, p, _ in updated]
+        before = [_local(b) for _, _, b in updated]
+        delta = torch._foreach_sub(after, before)
+        sums = torch.stack([_norms(delta, 2.0).square(), _norms(before, 2.0).square()], dim=1)
+        maxes = _norms(delta, float("inf")).unsqueeze(1)
+        combine_across_shards([p for _, p, _ in updated], sums, maxes)
+        l2 = sums[:, 0].sqrt()
+        values = torch.stack([l2, maxes[:, 0], l2 / sums[:, 1].sqrt()], dim=1).reshape(-1)
+        names = [signal_name(UPDATES, n, q) for n, _, _ in updated for q in QUANTITIES[UPDATES]]
+        self.signals.put(names, values)
 
-def _parameter_partials(p: torch.Tensor, before: torch.Tensor | None, state: dict[str, Any] | None,
-                        group: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """One parameter's sums and maxima over its (local) elements, in the order of the row
-    indices above. v is read bias-corrected (v_hat = exp_avg_sq / (1 - beta2^step), what Adam
-    divides by), so ``grad_sq_ratio`` is sum g^2 / sum v_hat; exp_avg is read as stored."""
-    local = _local(p).detach()
-    device = local.device
-    zero = torch.zeros((), dtype=torch.float32, device=device)
-    sums = [zero] * _SUMS
-    maxes = [zero] * _MAXES
-    if before is not None:
-        delta = local.float() - _local(before).float()
-        sums[_D2], sums[_W2], maxes[_DMAX] = _sum_sq(delta), _sum_sq(_local(before)), _abs_max(delta)
-    if state is not None:
-        m, v = _local(state["exp_avg"]).detach(), _local(state["exp_avg_sq"]).detach().float()
-        beta2, eps = float(group["betas"][1]), float(group["eps"])
-        step = state.get("step", 1)
-        t = step.to(device=device, dtype=torch.float64) if torch.is_tensor(step) else float(step)
-        correction = torch.as_tensor(1 - beta2 ** t, dtype=torch.float64, device=device).float()
-        limit = (EPS_DOMINANCE_FACTOR * eps) ** 2 * correction  # sqrt(v / correction) < 10 eps
-        positive = v > 0
-        grad = p.grad
-        sums[_N] = torch.tensor(float(v.numel()), device=device)
-        sums[_M2], sums[_V] = _sum_sq(m), v.sum() / correction
-        sums[_VPOS] = positive.sum().float()
-        sums[_VEPS] = (positive & (v < limit)).sum().float()
-        sums[_G2] = _sum_sq(_local(grad)) if grad is not None else torch.tensor(float("nan"), device=device)
-        maxes[_MMAX], maxes[_VMAX] = _abs_max(m), _abs_max(v) / correction
-    return torch.stack(sums), torch.stack(maxes)
+    def _put_state(self, adam: list[tuple[str, torch.Tensor, dict[str, Any]]],
+                   settings: dict[int, dict[str, Any]]) -> None:
+        """Adam's state, v read bias-corrected (v_hat = exp_avg_sq / (1 - beta2^step), what Adam
+        divides by), so ``grad_sq_ratio`` is sum g^2 / sum v_hat; exp_avg read as stored."""
+        device = _local(adam[0][1]).device
+        ms = [_local(s["exp_avg"]) for _, _, s in adam]
+        vs = [_local(s["exp_avg_sq"]) for _, _, s in adam]
+        grads = [_local(p.grad) if p.grad is not None else torch.full((1,), float("nan"), device=device)
+                 for _, p, _ in adam]
+        steps = torch.stack([torch.as_tensor(s.get("step", 1), dtype=torch.float64).to(device) for _, _, s in adam])
+        beta2 = torch.tensor([float(settings[id(p)]["betas"][1]) for _, p, _ in adam], dtype=torch.float64, device=device)
+        eps = torch.tensor([float(settings[id(p)]["eps"]) for _, p, _ in adam], dtype=torch.float64, device=device)
+        correction = 1 - beta2 ** steps
+        limits = ((EPS_DOMINANCE_FACTOR * eps) ** 2 * correction).float()  # sqrt(v / correction) < 10 eps
+        positive = torch.stack([torch.count_nonzero(v) for v in vs]).float()  # v >= 0
+        below = torch.stack([torch.count_nonzero(v < limits[i]) for i, v in enumerate(vs)]).float()
+        count = torch.tensor([float(v.numel()) for v in vs], device=device)
+        correction = correction.float()
+        sums = torch.stack([torch.zeros_like(count), torch.zeros_like(count), count,
+                            _norms(ms, 2.0).square(), _norms(vs, 1.0) / correction, positive,
+                            below - (count - positive), _norms(grads, 2.0).square()], dim=1)
+        maxes = torch.stack([torch.zeros_like(count), _norms(ms, float("inf")),
+                             _norms(vs, float("inf")) / correction], dim=1)
+        combine_across_shards([p for _, p, _ in adam], sums, maxes)
+        n = sums[:, _N]
+        values = torch.stack([(sums[:, _M2] / n).sqrt(), maxes[:, _MMAX], sums[:, _V] / n, maxes[:, _VMAX],
+                              sums[:, _VEPS] / sums[:, _VPOS].clamp_min(1), sums[:, _G2] / sums[:, _V]], dim=1)
+        names = [signal_name(OPTIMIZER_STATE, n, q) for n, _, _ in adam for q in QUANTITIES[OPTIMIZER_STATE]]
+        self.signals.put(names, values.reshape(-1))
 
 
 __all__ = ["OptimizerSignals", "combine_across_shards"]

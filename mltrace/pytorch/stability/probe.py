@@ -39,7 +39,7 @@ from mltrace.pytorch.stability.statistics import (
     sdpa_statistics,
     softmax_statistics,
 )
-from mltrace.pytorch.stability.step_signals import StepSignals
+from mltrace.pytorch.stability.step_signals import Merge, StepSignals
 from mltrace.stability.signals import (
     ACTIVATIONS,
     ATTENTION,
@@ -56,7 +56,7 @@ from mltrace.stability.signals import (
 if TYPE_CHECKING:
     from mltrace.capture.hook import Hook
 
-_LOGIT_MERGES = ("mean", "max", "max", "mean")  # of QUANTITIES[LOGITS], over a step's calls
+_LOGIT_MERGES: tuple[Merge, ...] = ("mean", "max", "max", "mean")  # of QUANTITIES[LOGITS], over a step's calls
 
 
 #: What each signal collection needs of the model and the training loop, said when it stays empty.
@@ -121,6 +121,7 @@ class StabilityProbe:
         self._handles: list[Any] = []
         self._optimizer_handles: list[Any] = []
         self._seen: set[str] = set()  # prefixes of the signals saved so far
+        self._attention_names: dict[str, list[str]] = {}
 
     # -- set-up ---------------------------------------------------------------------------------
     def attach(self, hook: Hook) -> None:
@@ -189,8 +190,8 @@ class StabilityProbe:
             stepped = bool(found & {PREFIXES[GRAD_NORMS], PREFIXES[UPDATES]})
             self._warn_empty([c for c in self.due if c in _PER_FORWARD or (stepped and c == OPTIMIZER_STATE)])
         assert self.hook is not None
-        for name, array in taken:
-            self.hook.save_for_tensor(name, array)
+        if taken:
+            self.hook.save_host_arrays(taken)
 
     def finish(self) -> None:
         """The last step's signals; then, for the optimizer's side, which asked-for signal the
@@ -235,8 +236,10 @@ class StabilityProbe:
             self.errors.failed(exc, "computing attention statistics")
 
     def _put_attention(self, name: str, best: torch.Tensor, entropy: torch.Tensor) -> None:
-        self.signals.put(signal_name(ATTENTION, name, "max_logit"), best, "max")
-        self.signals.put(signal_name(ATTENTION, name, "entropy"), entropy, "mean")
+        names = self._attention_names.get(name)
+        if names is None:
+            names = self._attention_names[name] = [signal_name(ATTENTION, name, q) for q in QUANTITIES[ATTENTION]]
+        self.signals.put(names, torch.stack([best, entropy.to(best.dtype)]), ("max", "mean"))
 
     def _logits_hook(self, root: str) -> Callable[[torch.nn.Module, Any, Any], None]:
         names = [signal_name(LOGITS, root, q) for q in QUANTITIES[LOGITS]]
@@ -253,9 +256,7 @@ class StabilityProbe:
                                    "registered model (a tensor, a tuple starting with them, or an object "
                                    "with a .logits attribute)", root, type(output).__name__)
                     return
-                values = logits_statistics(logits)
-                for i, (name, merge) in enumerate(zip(names, _LOGIT_MERGES)):
-                    self.signals.put(name, values[i], merge)  # type: ignore[arg-type]
+                self.signals.put(names, logits_statistics(logits), _LOGIT_MERGES)
             except Exception as exc:  # noqa: BLE001 - as guarded()
                 self.errors.failed(exc, "computing logit statistics")
 
@@ -265,7 +266,7 @@ class StabilityProbe:
         quantities = ("abs_max", "abs_median", "max_over_median", "l2") if linear else \
             ("abs_max", "abs_median", "max_over_median")
         names = [signal_name(ACTIVATIONS, module_name, q) for q in quantities]
-        merges = ("max", "mean", "max", "l2")
+        merges: tuple[Merge, ...] = ("max", "mean", "max", "l2")[:len(names)]  # type: ignore[assignment]
 
         def on_output(module: torch.nn.Module, inputs: Any, output: Any) -> None:
             if compiling() or ACTIVATIONS not in self.due or self.errors.disabled or in_backward():
@@ -274,9 +275,7 @@ class StabilityProbe:
             if tensor is None or not tensor.is_floating_point() or tensor.numel() == 0:
                 return
             try:
-                values = outlier_statistics(tensor, linear)
-                for i, name in enumerate(names):
-                    self.signals.put(name, values[i], merges[i])  # type: ignore[arg-type]
+                self.signals.put(names, outlier_statistics(tensor, linear), merges)
             except Exception as exc:  # noqa: BLE001 - as guarded()
                 self.errors.failed(exc, "computing activation outliers")
 
