@@ -22,12 +22,15 @@ from mltrace.capture.recorder_config import check_collections
 from mltrace.collections import CollectionKeys
 from mltrace.exceptions import MltraceValueError
 from mltrace.format.paths import END_OF_JOB_MARKER
+from mltrace.stability.signals import SIGNAL_COLLECTIONS, STABILITY
 
 #: The resolved document, inline JSON, in the environment of the script and its children.
 RUN_CONFIG_ENV = "MLTRACE_RUN_CONFIG"
-#: Every built-in collection of every framework (smdebug's names); others need an include_regex.
+#: Every built-in collection of every framework (smdebug's names, and the stability signals'
+#: that the PyTorch hook creates when named); others need an include_regex.
 BUILTIN_COLLECTIONS = frozenset(
-    v for k, v in vars(CollectionKeys).items() if not k.startswith("_") and isinstance(v, str))
+    v for k, v in vars(CollectionKeys).items() if not k.startswith("_") and isinstance(v, str)
+) | {STABILITY, *SIGNAL_COLLECTIONS}
 
 
 def read_config_file(path: str | None) -> dict[str, Any]:

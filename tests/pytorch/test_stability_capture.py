@@ -268,3 +268,28 @@ def test_compiled_model_adds_no_graph_break(tmp_path: Path) -> None:
     trial = create_trial(str(tmp_path / "hooked"))
     assert trial.tensor("logits/TinyGPT/log_z_mean").steps() == [0, 2]
     assert trial.tensor("updates/TinyGPT_head.weight/ratio").steps() == [0, 2]
+
+
+def test_grad_norms_are_taken_before_clipping(tmp_path: Path) -> None:
+    """A loop that clips (nanoGPT, the Trainer, Lightning): the saved norms are those
+    clip_grad_norm_ measured and returned, not the clipped ones, so a spike still shows."""
+    torch.manual_seed(0)
+    model = TinyGPT()
+    hook = smd.Hook(out_dir=str(tmp_path), include_collections=["grad_norms"],
+                    save_config=smd.SaveConfig(save_interval=1))
+    hook.register_module(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    returned, head = [], []
+    for x, y in batches(3):
+        loss = F.cross_entropy(model(x).reshape(-1, 11), y.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        head.append(float(model.head.weight.grad.norm()))
+        returned.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1e-3)))
+        opt.step()
+    hook.close()
+    trial = create_trial(str(tmp_path))
+    np.testing.assert_allclose([trial.tensor("grad_norm/TinyGPT").value(s) for s in range(3)], returned, rtol=1e-5)
+    np.testing.assert_allclose([trial.tensor("grad_norm/TinyGPT_head.weight").value(s) for s in range(3)], head, rtol=1e-5)
+    assert min(returned) > 1e-2  # far above the clipped norm
+    assert torch.nn.utils.clip_grad_norm_.__module__ == "torch.nn.utils.clip_grad"  # torch's again

@@ -1,7 +1,9 @@
-"""Seeing a model's attention without changing the model: while a hook records the attention
-collection, ``torch.nn.functional.scaled_dot_product_attention`` and ``torch.nn.functional.softmax``
-are replaced by wrappers that call torch's own function and then tell the listening hooks what
-it was called with.
+"""Seeing a model's attention and gradient clipping without changing the model or the loop:
+while a hook listens, ``torch.nn.functional.scaled_dot_product_attention`` and
+``torch.nn.functional.softmax`` are replaced by wrappers that call torch's own function and then
+tell the listening hooks what it was called with, and ``torch.nn.utils.clip_grad_norm_`` by one
+that tells them first (the gradients before clipping: what a gradient-norm spike is measured
+on), then clips.
 
 Models that call them through the module attribute (``F.scaled_dot_product_attention(...)``,
 ``nn.functional.softmax(...)``: nanoGPT, Hugging Face Transformers' "sdpa" and "eager" attention,
@@ -33,6 +35,9 @@ class AttentionListener(Protocol):
     def on_softmax(self, scores: torch.Tensor, probabilities: torch.Tensor) -> None:
         """A softmax over the last dimension of a 4-D tensor (batch, heads, queries, keys)."""
 
+    def on_clip(self, parameters: list[torch.Tensor]) -> None:
+        """``clip_grad_norm_`` is about to clip these parameters' gradients."""
+
 
 _listeners: list[AttentionListener] = []
 _originals: dict[str, Callable[..., Any]] = {}
@@ -61,17 +66,30 @@ def _softmax(*args: Any, **kwargs: Any) -> Any:
     return out
 
 
-_WRAPPERS: dict[str, Callable[..., Any]] = {"scaled_dot_product_attention": _sdpa, "softmax": _softmax}
+def _clip_grad_norm(parameters: Any, *args: Any, **kwargs: Any) -> Any:
+    if not compiling() and _listeners:
+        parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        for listener in list(_listeners):
+            listener.on_clip(parameters)
+    return _originals["clip_grad_norm_"](parameters, *args, **kwargs)
+
+
+#: (module, function name) -> its wrapper
+_WRAPPERS: dict[tuple[Any, str], Callable[..., Any]] = {
+    (F, "scaled_dot_product_attention"): _sdpa, (F, "softmax"): _softmax,
+    (torch.nn.utils, "clip_grad_norm_"): _clip_grad_norm,
+}
 
 
 def listen(listener: AttentionListener) -> None:
-    """Tell ``listener`` of attention calls from now on (the wrappers go in with the first)."""
+    """Tell ``listener`` of attention calls and clipping from now on (the wrappers go in with
+    the first listener)."""
     if listener in _listeners:
         return
     if not _listeners:
-        for name, wrapper in _WRAPPERS.items():
-            _originals[name] = getattr(F, name)
-            setattr(F, name, wrapper)
+        for (module, name), wrapper in _WRAPPERS.items():
+            _originals[name] = getattr(module, name)
+            setattr(module, name, wrapper)
     _listeners.append(listener)
 
 
@@ -82,9 +100,9 @@ def unlisten(listener: AttentionListener) -> None:
         return
     _listeners.remove(listener)
     if not _listeners:
-        for name, wrapper in _WRAPPERS.items():
-            if getattr(F, name) is wrapper:
-                setattr(F, name, _originals.pop(name))
+        for (module, name), wrapper in _WRAPPERS.items():
+            if getattr(module, name) is wrapper:
+                setattr(module, name, _originals.pop(name))
 
 
 def calling_module(names: dict[int, str], depth: int = 3, limit: int = 24) -> str | None:

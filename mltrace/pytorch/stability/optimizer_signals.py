@@ -8,8 +8,10 @@ combined across the ranks that hold the other shards: one all-reduce of the sums
 maxima per step, the full tensor never gathered, and the result the same as a single process's
 up to float rounding.
 
-The update is the parameter after ``optimizer.step()`` less a copy taken before it: that copy
-exists only on steps that save updates.
+Gradient norms are taken when ``torch.nn.utils.clip_grad_norm_`` is about to clip (the norms
+a spike shows in), else before the optimizer steps. The update is the parameter after
+``optimizer.step()`` less a copy taken before it: that copy exists only on steps that save
+updates.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class OptimizerSignals:
         self.signals = signals
         self.grad_norms = self.updates = self.state = False  # what the current step saves
         self._before: dict[int, torch.Tensor] = {}
+        self._clipped: set[int] = set()  # parameters whose grad norms were taken before clipping
         self._models: list[tuple[str, list[tuple[str, torch.Tensor]]]] = []
 
     def begin_step(self, models: Iterable[tuple[str, torch.nn.Module]], grad_norms: bool,
@@ -95,6 +98,7 @@ class OptimizerSignals:
         """Say what this step saves, with the registered models as ``(root name, module)``."""
         self.grad_norms, self.updates, self.state = grad_norms, updates, state
         self._before.clear()
+        self._clipped.clear()
         self._models = [(root, [(f"{root}_{n}", p) for n, p in m.named_parameters() if p.requires_grad])
                         for root, m in models] if (grad_norms or updates or state) else []
 
@@ -107,20 +111,34 @@ class OptimizerSignals:
         ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
         return [(root, [(n, p) for n, p in params if id(p) in ids]) for root, params in self._models]
 
+    def before_clipping(self, parameters: list[torch.Tensor]) -> None:
+        """``clip_grad_norm_`` is about to clip ``parameters``' gradients: their norms now, as
+        they came from backward (a spike is measured before clipping hides it)."""
+        if not self.grad_norms:
+            return
+        ids = {id(p) for p in parameters}
+        for root, params in self._models:
+            self._grad_norms(root, [(n, p) for n, p in params if id(p) in ids])
+        self._clipped.update(ids)
+
     def before_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """The gradients' norms (the model's and each parameter's), and copies of the
-        parameters whose update is saved."""
+        """The gradients' norms (the model's and each parameter's) unless taken before clipping,
+        and copies of the parameters whose update is saved."""
         for root, params in self._owned(optimizer):
             if self.updates:
                 for _, p in params:
                     self._before[id(p)] = p.detach().clone()
-            with_grad = [(n, p) for n, p in params if p.grad is not None]
-            if not self.grad_norms or not with_grad:
-                continue
-            squares = _norms([_local(p.grad) for _, p in with_grad], 2.0).square().unsqueeze(1)  # type: ignore[arg-type]
-            combine_across_shards([p for _, p in with_grad], squares, None)
-            names = [signal_name(GRAD_NORMS, n) for n, _ in with_grad] + [signal_name(GRAD_NORMS, root)]
-            self.signals.put(names, torch.cat([squares.squeeze(1), squares.sum().reshape(1)]).sqrt(), "l2")
+            if self.grad_norms:
+                self._grad_norms(root, [(n, p) for n, p in params if id(p) not in self._clipped])
+
+    def _grad_norms(self, root: str, params: list[tuple[str, torch.Tensor]]) -> None:
+        with_grad = [(n, p) for n, p in params if p.grad is not None]
+        if not with_grad:
+            return
+        squares = _norms([_local(p.grad) for _, p in with_grad], 2.0).square().unsqueeze(1)  # type: ignore[arg-type]
+        combine_across_shards([p for _, p in with_grad], squares, None)
+        self.signals.put([signal_name(GRAD_NORMS, n) for n, _ in with_grad], squares.squeeze(1).sqrt(), "l2")
+        self.signals.put([signal_name(GRAD_NORMS, root)], squares.sum().sqrt().reshape(1), "l2")
 
     def after_step(self, optimizer: torch.optim.Optimizer) -> None:
         """The updates the step applied and Adam's state (exp_avg, exp_avg_sq) after it."""

@@ -8,7 +8,8 @@ signal collections). Then, on the steps those collections are due:
   (mltrace.pytorch.stability.interception), named after the registered module that made it;
 - logits: a forward hook on each registered model reads its output's logits;
 - module-output outliers: a forward hook on each submodule;
-- grad norms, updates, Adam's state: torch.optim's global step pre- and post-hooks.
+- grad norms: when ``torch.nn.utils.clip_grad_norm_`` is about to clip, else torch.optim's
+  global step pre-hook; updates and Adam's state: its pre- and post-hooks.
 
 Each computes on the tensors' device and keeps its results there (StepSignals); when the step
 ends they are copied to the host at once and saved as the trial's tensors. On other steps each
@@ -122,6 +123,7 @@ class StabilityProbe:
         self._optimizer_handles: list[Any] = []
         self._seen: set[str] = set()  # prefixes of the signals saved so far
         self._attention_names: dict[str, list[str]] = {}
+        self._model_called = False  # a registered model's forward ran in a step saving logits
 
     # -- set-up ---------------------------------------------------------------------------------
     def attach(self, hook: Hook) -> None:
@@ -143,7 +145,7 @@ class StabilityProbe:
         if self.wanted & {GRAD_NORMS, UPDATES, OPTIMIZER_STATE}:
             self._optimizer_handles = [register_optimizer_step_pre_hook(self._before_optimizer),
                                        register_optimizer_step_post_hook(self._after_optimizer)]
-        if ATTENTION in self.wanted:
+        if self.wanted & {ATTENTION, GRAD_NORMS}:
             interception.listen(self)
 
     def add_model(self, root: str, module: torch.nn.Module) -> None:
@@ -204,8 +206,13 @@ class StabilityProbe:
     def _warn_empty(self, collections: list[str]) -> None:
         for collection in collections:
             if PREFIXES[collection] not in self._seen and not self.errors.disabled:
-                self.warn_once(f"stability-{collection}", "the %s collection stays empty: %s",
-                               collection, _WHY_EMPTY[collection])
+                why = _WHY_EMPTY[collection]
+                if collection == LOGITS and not self._model_called:
+                    why = ("the registered model itself was not called in a step that saves them "
+                           "(its logits are read from its forward's output: a loop that calls one "
+                           "of its submodules, e.g. self.gpt(x) in a LightningModule registered as "
+                           "the model, never runs it); register the module the loop calls")
+                self.warn_once(f"stability-{collection}", "the %s collection stays empty: %s", collection, why)
 
     # -- callbacks ------------------------------------------------------------------------------
     def on_sdpa(self, query: torch.Tensor, key: torch.Tensor, attn_mask: torch.Tensor | None,
@@ -235,6 +242,15 @@ class StabilityProbe:
         except Exception as exc:  # noqa: BLE001 - as guarded()
             self.errors.failed(exc, "computing attention statistics")
 
+    def on_clip(self, parameters: list[torch.Tensor]) -> None:
+        """``clip_grad_norm_`` is about to clip: the gradient norms before it, if due."""
+        if GRAD_NORMS not in self.due or self.errors.disabled:
+            return
+        try:
+            self.optimizer.before_clipping(parameters)
+        except Exception as exc:  # noqa: BLE001 - as guarded()
+            self.errors.failed(exc, "computing gradient norms")
+
     def _put_attention(self, name: str, best: torch.Tensor, entropy: torch.Tensor) -> None:
         names = self._attention_names.get(name)
         if names is None:
@@ -247,6 +263,7 @@ class StabilityProbe:
         def on_output(module: torch.nn.Module, inputs: Any, output: Any) -> None:
             if LOGITS not in self.due or self.errors.disabled or in_backward():
                 return
+            self._model_called = True
             try:
                 logits = find_logits(output)
                 if logits is None:
