@@ -39,6 +39,7 @@ from mltrace.rules.builtin import (
     WeightUpdateRatio,
     rule_class,
 )
+from mltrace.stability.signals import collection_regexes
 from mltrace.trials import create_trial
 from tests.support.rule_trials import last_step, red, write_trial
 
@@ -80,7 +81,10 @@ def test_every_smdebug_rule_and_the_new_ones_are_registered():
                "NLPSequenceRatio", "Confusion", "ClassImbalance", "DeadRelu",
                "SaturatedActivation", "PoorWeightInitialization", "TensorVariance", "Overfit",
                "Overtraining", "StalledTrainingRule", "FeatureImportanceOverweight", "TreeDepth"}
-    assert smdebug | {"NaNInfDetected", "GradientNormVsBaseline"} == set(BUILTIN_RULES)
+    stability = {"LossSpike", "GradNormSpike", "AttentionLogitGrowth", "AttentionEntropyCollapse",
+                 "OutputLogitDrift", "MassiveActivation", "LinearOutputGrowth", "UpdateRatio",
+                 "AdamEpsilonDominance", "AdamStaleSecondMoment", "WorkerDivergence"}
+    assert smdebug | {"NaNInfDetected", "GradientNormVsBaseline"} | stability == set(BUILTIN_RULES)
     assert rule_class("lossnotdecreasing") is LossNotDecreasing
     for cls in BUILTIN_RULES.values():
         assert "default" in (cls.__doc__ or ""), cls.__name__
@@ -509,10 +513,15 @@ def test_tree_depth(tmp_path):
 # -- robustness ------------------------------------------------------------------------------------
 def test_rules_skip_steps_where_their_tensors_are_missing(tmp_path):
     """Steps holding unrelated tensors, or only some reductions: no rule crashes."""
-    steps = {0: {"other": np.ones(3)}, 1: {"w": np.ones(3), "loss": 1.0}, 2: {"other": np.ones(3)},
-             3: {red("w", "mean"): 1.0}}
+    signals = {"attention/b.0.attn/max_logit": np.ones(2), "attention/b.0.attn/entropy": np.ones(2),
+               "logits/M/log_z_mean": 1.0, "logits/M/log_z_max": 1.0, "activations/b.0/abs_max": 1.0,
+               "activations/b.0/abs_median": 1.0, "activations/b.0/l2": 1.0, "grad_norm/M": 1.0,
+               "updates/M_w/ratio": 1e-3, "optimizer_state/M_w/eps_fraction": 0.0,
+               "optimizer_state/M_w/grad_sq_ratio": 1.0}
+    steps = {0: {"other": np.ones(3)}, 1: {"w": np.ones(3), "loss": 1.0, **signals}, 2: {"other": np.ones(3)},
+             3: {red("w", "mean"): 1.0, "grad_norm/M": 1.0}}
     path = write_trial(tmp_path / "run", steps,
-                       collections={"weights": ["^w$"], "gradients": ["^w$"]},
+                       collections={"weights": ["^w$"], "gradients": ["^w$"], **collection_regexes("loss")},
                        modes={0: "train", 1: "train", 2: "eval", 3: "train"})
     baseline = write_trial(tmp_path / "baseline", {0: {"other": 1}})
     params = {"AllZero": {"tensor_regex": "w"}, "UnchangedTensor": {"tensor_regex": "w"},
@@ -520,5 +529,7 @@ def test_rules_skip_steps_where_their_tensors_are_missing(tmp_path):
               "SimilarAcrossRuns": {"other_trial": baseline},
               "GradientNormVsBaseline": {"other_trial": baseline}}
     for name, cls in BUILTIN_RULES.items():
+        if name == "WorkerDivergence":  # needs several workers: its own tests
+            continue
         result = invoke_rule(cls(create_trial(path), **params.get(name, {})), end_step=4)
         assert result.error is None and result.evaluated_steps == 4, name

@@ -1,4 +1,6 @@
-"""Built-in rules with smdebug's names, parameters and defaults (smdebug 1.0.34's rule names, parameters and defaults).
+"""Built-in rules with smdebug's names, parameters and defaults (smdebug 1.0.34's rule names, parameters and defaults),
+and mltrace's own: NaNInfDetected, GradientNormVsBaseline and the transformer-stability rules
+(mltrace.rules.builtin.stability: LossSpike, GradNormSpike, AttentionLogitGrowth, ...).
 
 ``BUILTIN_RULES`` maps each name to its class; lookups are case-insensitive (``rule_class``).
 Third-party rules register through the ``mltrace.rules`` entry point group (mltrace.plugins).
@@ -17,6 +19,19 @@ from mltrace.rules.builtin.loss_not_decreasing import LossNotDecreasing
 from mltrace.rules.builtin.overfit import Overfit, Overtraining
 from mltrace.rules.builtin.poor_weight_initialization import PoorWeightInitialization
 from mltrace.rules.builtin.similar_across_runs import SimilarAcrossRuns
+from mltrace.rules.builtin.stability import (
+    AdamEpsilonDominance,
+    AdamStaleSecondMoment,
+    AttentionEntropyCollapse,
+    AttentionLogitGrowth,
+    GradNormSpike,
+    LinearOutputGrowth,
+    LossSpike,
+    MassiveActivation,
+    OutputLogitDrift,
+    UpdateRatio,
+    WorkerDivergence,
+)
 from mltrace.rules.builtin.stalled_training import StalledTrainingRule
 from mltrace.rules.builtin.tensor_statistics import AllZero, TensorVariance
 from mltrace.rules.builtin.unchanged_tensor import UnchangedTensor
@@ -50,6 +65,17 @@ BUILTIN_RULES: dict[str, type[Rule]] = {
         TreeDepth,
         NaNInfDetected,
         GradientNormVsBaseline,
+        LossSpike,
+        GradNormSpike,
+        AttentionLogitGrowth,
+        AttentionEntropyCollapse,
+        OutputLogitDrift,
+        MassiveActivation,
+        LinearOutputGrowth,
+        UpdateRatio,
+        AdamEpsilonDominance,
+        AdamStaleSecondMoment,
+        WorkerDivergence,
     )
 }
 for _name, _cls in BUILTIN_RULES.items():

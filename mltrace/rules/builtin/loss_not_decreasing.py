@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from statistics import median
 from typing import Any
 
 from mltrace.exceptions import MltraceValueError
@@ -11,6 +13,7 @@ from mltrace.rules.builtin._params import (
     as_float,
     as_int,
     as_mode,
+    as_optional_int,
 )
 from mltrace.rules.builtin._reading import (
     LOSS_REGEX,
@@ -62,6 +65,15 @@ class LossNotDecreasing(Rule):
             go down at all; so 0 means "fires unless the loss decreased".
         mode: train, eval, predict or global; default None: EVAL if the loss was saved in EVAL
             steps, else TRAIN, else GLOBAL. Steps and ``num_steps`` count in that mode's steps.
+        noise_aware: default False (smdebug's behaviour: one loss against one loss). True
+            compares medians instead: the median of the ``window`` losses saved up to ``s``
+            with the median of the ``window`` losses saved up to the compared earlier step.
+            A single noisy loss, ordinary in a healthy run whose losses jitter by a few percent
+            from batch to batch, then moves neither median far, while a loss that has stopped
+            going down still fires. A check needs ``window`` saved losses ending at the earlier
+            step (the first checks come ``window`` steps later than without it).
+        window: default None: ``num_steps``; the losses in each median with noise_aware
+            (at least 1; ignored without noise_aware).
 
     Only scalar tensors are checked. Each loss is tracked separately. Note: an old smdebug unit
     test (pre-2019, test_min_diff) implied that diff_percent=20 lets a flat loss pass; mltrace
@@ -70,7 +82,8 @@ class LossNotDecreasing(Rule):
 
     def __init__(self, base_trial: Trial, collection_names: Any = None, tensor_regex: Any = None,
                  use_losses_collection: Any = True, num_steps: Any = 10, diff_percent: Any = 0.0,
-                 mode: Any = None, action_str: Any = None) -> None:
+                 mode: Any = None, noise_aware: Any = False, window: Any = None,
+                 action_str: Any = None) -> None:
         super().__init__(base_trial, action_str=action_str)
         name = self.rule_name
         self.use_losses_collection = as_bool(name, "use_losses_collection", use_losses_collection)
@@ -84,6 +97,11 @@ class LossNotDecreasing(Rule):
             raise MltraceValueError(f"{name}: diff_percent={diff_percent!r} must be below 100")
         self._mode = as_mode(name, "mode", mode)
         self.mode = None if self._mode is None else self._mode.name
+        self.noise_aware = as_bool(name, "noise_aware", noise_aware)
+        given_window = as_optional_int(name, "window", window)
+        self.window = self.num_steps if given_window is None else given_window
+        if self.window < 1:
+            raise MltraceValueError(f"{name}: parameter window={window!r} must lie in [1, inf]")
         self._steps = SavedSteps()
         self._chosen: dict[str, ModeKeys] = {}
         self._last_check: dict[tuple[str, ModeKeys], int] = {}
@@ -110,6 +128,20 @@ class LossNotDecreasing(Rule):
             cache[mode_step] = value
         return cache[mode_step]
 
+    def _median_loss(self, tensor: Tensor, mode: ModeKeys,
+                     mode_step: int) -> tuple[float | None, int]:
+        """The median of the ``window`` losses saved up to ``mode_step`` (None when fewer were
+        saved or one cannot be read), and the first of their steps."""
+        steps = self._steps.steps(tensor, mode)
+        end = bisect_right(steps, mode_step)
+        if end < self.window:
+            return None, mode_step
+        chosen = steps[end - self.window:end]
+        losses = [self._loss(tensor, mode, s) for s in chosen]
+        if any(v is None for v in losses):
+            return None, chosen[0]
+        return median(v for v in losses if v is not None), chosen[0]
+
     def invoke_at_step(self, step: int) -> bool:
         step_mode, step_mode_step = mode_of(self.base_trial, step)
         fired = None
@@ -130,13 +162,18 @@ class LossNotDecreasing(Rule):
             previous_step = self._steps.at_or_before(tensor, mode, current_step - self.num_steps)
             if previous_step is None:
                 continue
-            current = self._loss(tensor, mode, current_step)
-            previous = self._loss(tensor, mode, previous_step)
+            if self.noise_aware:
+                current, _ = self._median_loss(tensor, mode, current_step)
+                previous, oldest = self._median_loss(tensor, mode, previous_step)
+            else:
+                current = self._loss(tensor, mode, current_step)
+                previous = self._loss(tensor, mode, previous_step)
+                oldest = previous_step
             if current is None or previous is None:
                 continue
             self._last_check[key] = current_step
             cache = self._losses[key]
-            for old in [s for s in cache if s < previous_step]:
+            for old in [s for s in cache if s < oldest]:
                 del cache[old]
             decrease = previous - current
             required = abs(previous) * self.diff_percent / 100
@@ -144,7 +181,9 @@ class LossNotDecreasing(Rule):
                 how = ("not decreasing" if decrease <= 0 else
                        f"decreased by {100 * decrease / abs(previous):.3g}% "
                        f"< diff_percent {self.diff_percent:g}%")
-                fired = (f"{tensor.name} ({mode.name}) is {current:.6g} at "
+                what = (f"the median of its last {self.window} values is " if self.noise_aware
+                        else "is ")
+                fired = (f"{tensor.name} ({mode.name}) {what}{current:.6g} at "
                          f"{self.step_label(current_step, mode)}, {previous:.6g} at "
                          f"{self.step_label(previous_step, mode)}: {how}")
         if fired is not None:

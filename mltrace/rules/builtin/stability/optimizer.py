@@ -1,0 +1,210 @@
+"""UpdateRatio, AdamEpsilonDominance, AdamStaleSecondMoment: what the optimizer did to each
+parameter, and Adam's state after it."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from mltrace.exceptions import MltraceValueError
+from mltrace.rules.builtin._params import as_bool
+from mltrace.rules.builtin.stability._signals import (
+    SignalNames,
+    StabilityRule,
+    check_min_history,
+    float_param,
+    fmt,
+    int_param,
+    require_collection,
+    trailing,
+    where,
+)
+from mltrace.stability.signals import OPTIMIZER_STATE, UPDATES, parse_signal, signal_name
+from mltrace.trials import Trial
+
+
+class UpdateRatio(StabilityRule):
+    """Fires when the update the optimizer applied to a parameter is too large for it: the ratio
+    ``||update|| / ||weight before the update||`` (``updates/<param>/ratio``) is above
+    ``max_ratio``, or above ``jump_factor`` times its median over the trailing ``window`` steps;
+    or the ratio is not finite because the update is not.
+
+    Args:
+        base_trial: the trial to watch.
+        max_ratio: default 0.1, > 0: a hundred times the ~1e-3 rule of thumb for a healthy
+            update, so that only an update that rewrites a tenth of the weight at once fires.
+        jump_factor: default 20.0, > 1.
+        window: default 50, >= 2.
+        min_history: default 50, in [2, window]: finite ratios the window needs before either
+            test judges. The warm-up is long on purpose: a parameter initialised at zero (biases,
+            normalisation shifts) has ratios near 1 over its first updates, which is healthy.
+
+    A ratio that is infinite or NaN while the update's L2 norm (``updates/<param>/l2``) is
+    finite comes from a weight that was exactly zero and is skipped; a non-finite update fires
+    from the first step.
+    """
+
+    def __init__(self, base_trial: Trial, max_ratio: Any = 0.1, jump_factor: Any = 20.0,
+                 window: Any = 50, min_history: Any = 50, action_str: Any = None) -> None:
+        name = type(self).__name__
+        size = int_param(name, "window", window, 2)
+        super().__init__(base_trial, action_str, size + 1)
+        require_collection(name, base_trial, UPDATES, "update-to-weight ratios")
+        self.max_ratio = float_param(name, "max_ratio", max_ratio, 0, inclusive=False)
+        self.jump_factor = float_param(name, "jump_factor", jump_factor, 1, inclusive=False)
+        self.window = size
+        self.min_history = int_param(name, "min_history", min_history, 2)
+        check_min_history(name, self.min_history, self.window)
+        self._names = SignalNames(UPDATES, "ratio")
+
+    def _update_is_finite(self, name: str, step: int) -> bool:
+        signal = parse_signal(name)
+        if signal is None:
+            return False
+        l2 = self._history.scalar(signal_name(UPDATES, signal.subject, "l2"), step)
+        return l2 is not None and math.isfinite(l2)
+
+    def invoke_at_step(self, step: int) -> bool:
+        findings = []
+        for name in self.signal_tensors(self._names.names(self.base_trial), step):
+            value = self._history.value(name, step)
+            if value is None or value.size != 1:
+                continue
+            ratio, label = float(value[0]), where(name)
+            if not math.isfinite(ratio):
+                if not self._update_is_finite(name, step):
+                    findings.append(f"{label}: the update ratio is {ratio} (the update is not "
+                                    "finite)")
+                continue
+            _, median = trailing(self._history, name, step, value, self.window, self.min_history)
+            med = float(median[0])
+            if math.isnan(med):
+                continue
+            if ratio > self.max_ratio:
+                findings.append(f"{label}: the update ratio {fmt(ratio)} is above max_ratio "
+                                f"{self.max_ratio:g}")
+            elif med > 0 and ratio > self.jump_factor * med:
+                findings.append(
+                    f"{label}: the update ratio {fmt(ratio)} is above jump_factor "
+                    f"{self.jump_factor:g} x its median {fmt(med)} over the last {self.window} "
+                    "steps")
+        return self.report_findings(step, findings)
+
+
+class AdamEpsilonDominance(StabilityRule):
+    """Fires when Adam's epsilon dominates a parameter's update: the share of its elements whose
+    sqrt(v_hat) is within 10x of epsilon (``optimizer_state/<param>/eps_fraction``) is above
+    ``max_fraction`` on ``patience`` consecutive saved steps. There the update is no longer
+    m / sqrt(v) but about m / epsilon: silently smaller, and no longer normalised. Gradients
+    shrink towards epsilon as models grow (Wortsman et al. 2023); OLMo 2 lowered AdamW's epsilon
+    from 1e-5 to 1e-8 for this reason.
+
+    Args:
+        base_trial: the trial to watch.
+        max_fraction: default 0.5, in [0, 1).
+        patience: default 3, >= 1: consecutive saved steps above max_fraction (the current
+            one and the ones before it); it is also the warm-up.
+
+    Elements with v = 0 (never given a gradient) are not counted in the share.
+    """
+
+    def __init__(self, base_trial: Trial, max_fraction: Any = 0.5, patience: Any = 3,
+                 action_str: Any = None) -> None:
+        name = type(self).__name__
+        size = int_param(name, "patience", patience, 1)
+        super().__init__(base_trial, action_str, size + 1)
+        require_collection(name, base_trial, OPTIMIZER_STATE, "Adam's state statistics")
+        self.max_fraction = float_param(name, "max_fraction", max_fraction, 0, 1)
+        if self.max_fraction == 1:
+            raise MltraceValueError(f"{name}: parameter max_fraction={self.max_fraction!r} must "
+                                    "lie in [0, 1)")
+        self.patience = size
+        self._names = SignalNames(OPTIMIZER_STATE, "eps_fraction")
+
+    def invoke_at_step(self, step: int) -> bool:
+        findings = []
+        for name in self.signal_tensors(self._names.names(self.base_trial), step):
+            fraction = self._history.scalar(name, step)
+            if fraction is None or not fraction > self.max_fraction:
+                continue
+            earlier = self._history.window(name, step, self.patience - 1)
+            if self.patience > 1 and (earlier.shape[0] < self.patience - 1
+                                      or not bool(np.all(earlier > self.max_fraction))):
+                continue
+            findings.append(
+                f"{where(name)}: {fraction:.1%} of the elements have sqrt(v_hat) within 10x of "
+                f"epsilon, above max_fraction {self.max_fraction:g} on {self.patience} "
+                "consecutive saved steps")
+        return self.report_findings(step, findings)
+
+
+class AdamStaleSecondMoment(StabilityRule):
+    """Fires when Adam's second moment had gone stale and a gradient then outgrew it: the ratio
+    mean(g^2) / mean(v_hat) of a parameter (``optimizer_state/<param>/grad_sq_ratio``) had a
+    median below ``stale_ratio`` over the trailing ``window`` steps (squared gradients far below
+    what v remembers) and is now above ``spike_ratio``. Bai et al. 2026 ("Adaptive
+    preconditioners trigger loss spikes in Adam") found this pattern before loss spikes: v
+    decays slowly (beta2) while gradients shrink, so a sudden gradient is divided by a stale,
+    too small sqrt(v) and the step is far too large. With ``warn_stale``, a ratio that stayed
+    below stale_ratio for ``window`` steps fires too, before any spike.
+
+    Args:
+        base_trial: the trial to watch.
+        stale_ratio: default 0.01, > 0.
+        spike_ratio: default 10.0, above stale_ratio.
+        window: default 50, >= 2.
+        min_history: default 10, in [2, window]: finite values the window needs before judging
+            (a warm-up).
+        warn_stale: default False.
+
+    These defaults follow the paper's description, not a calibration on recorded spikes; a
+    healthy Adam keeps the ratio near 1 (g^2 and v_hat estimate the same second moment). A
+    NaN ratio (a parameter without a gradient at that step) is skipped.
+    """
+
+    def __init__(self, base_trial: Trial, stale_ratio: Any = 0.01, spike_ratio: Any = 10.0,
+                 window: Any = 50, min_history: Any = 10, warn_stale: Any = False,
+                 action_str: Any = None) -> None:
+        name = type(self).__name__
+        size = int_param(name, "window", window, 2)
+        super().__init__(base_trial, action_str, size + 1)
+        require_collection(name, base_trial, OPTIMIZER_STATE, "Adam's state statistics")
+        self.stale_ratio = float_param(name, "stale_ratio", stale_ratio, 0, inclusive=False)
+        self.spike_ratio = float_param(name, "spike_ratio", spike_ratio, self.stale_ratio,
+                                       inclusive=False)
+        self.window = size
+        self.min_history = int_param(name, "min_history", min_history, 2)
+        check_min_history(name, self.min_history, self.window)
+        self.warn_stale = as_bool(name, "warn_stale", warn_stale)
+        self._names = SignalNames(OPTIMIZER_STATE, "grad_sq_ratio")
+
+    def invoke_at_step(self, step: int) -> bool:
+        findings = []
+        for name in self.signal_tensors(self._names.names(self.base_trial), step):
+            value = self._history.value(name, step)
+            if value is None or value.size != 1 or not math.isfinite(float(value[0])):
+                continue
+            ratio, label = float(value[0]), where(name)
+            window, median = trailing(self._history, name, step, value, self.window,
+                                      self.min_history)
+            med = float(median[0])
+            if math.isnan(med):
+                continue
+            if med < self.stale_ratio and ratio > self.spike_ratio:
+                findings.append(
+                    f"{label}: mean(g^2)/mean(v_hat) is {fmt(ratio)}, above spike_ratio "
+                    f"{self.spike_ratio:g}, after a median of {fmt(med)} over the last "
+                    f"{self.window} steps, below stale_ratio {self.stale_ratio:g}: v was stale")
+            elif self.warn_stale and ratio < self.stale_ratio:
+                recent = window[-(self.window - 1):] if self.window > 1 else window[:0]
+                if recent.shape[0] == self.window - 1 and bool(np.all(recent < self.stale_ratio)):
+                    findings.append(
+                        f"{label}: mean(g^2)/mean(v_hat) stayed below stale_ratio "
+                        f"{self.stale_ratio:g} for {self.window} steps (now {fmt(ratio)}): v is "
+                        "stale")
+        return self.report_findings(step, findings)
+
+
+__all__ = ["AdamEpsilonDominance", "AdamStaleSecondMoment", "UpdateRatio"]
