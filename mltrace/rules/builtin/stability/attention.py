@@ -37,23 +37,30 @@ class AttentionLogitGrowth(StabilityRule):
         base_trial: the trial to watch.
         max_logit: default 100.0 (Kimi K2 / MuonClip), > 0.
         growth_factor: default 4.0, > 1.
-        window: default 50, >= 2: steps the median runs over.
-        min_history: default 10, in [2, window]: finite values the window needs before the
+        window: default 100, >= 2: steps the median runs over.
+        min_history: default 50, in [2, window]: finite values the window needs before the
             growth test judges a head (a warm-up). The max_logit test and a NaN or +inf logit
             fire from the first step.
+        min_logit: default 10.0, >= 0: the growth test judges a logit only above this. Early in
+            training every head's logits grow many times over from near zero (SpikeBench's
+            healthy runs: 0.3 to 3 in 50 steps) while attention is still far from one-hot
+            (over 64 keys a max logit of 10 leaves the others about e^-10 of its weight each
+            at most when they are near 0).
 
     The growth test applies only while the head's median is positive (a ratio to a negative
     median means nothing). The finding names the module, its layer and the head.
     """
 
     def __init__(self, base_trial: Trial, max_logit: Any = 100.0, growth_factor: Any = 4.0,
-                 window: Any = 50, min_history: Any = 10, action_str: Any = None) -> None:
+                 window: Any = 100, min_history: Any = 50, min_logit: Any = 10.0,
+                 action_str: Any = None) -> None:
         name = type(self).__name__
         size = int_param(name, "window", window, 2)
         super().__init__(base_trial, action_str, size + 1)
         require_collection(name, base_trial, ATTENTION, "per-head attention max logits")
         self.max_logit = float_param(name, "max_logit", max_logit, 0, inclusive=False)
         self.growth_factor = float_param(name, "growth_factor", growth_factor, 1, inclusive=False)
+        self.min_logit = float_param(name, "min_logit", min_logit, 0)
         self.window = size
         self.min_history = int_param(name, "min_history", min_history, 2)
         check_min_history(name, self.min_history, self.window)
@@ -73,7 +80,7 @@ class AttentionLogitGrowth(StabilityRule):
                 elif logit > self.max_logit:
                     findings.append(f"{where(name, head)}: the max logit {fmt(logit)} is above "
                                     f"max_logit {self.max_logit:g}")
-                elif med > 0 and logit > self.growth_factor * med:
+                elif med > 0 and logit > self.min_logit and logit > self.growth_factor * med:
                     findings.append(
                         f"{where(name, head)}: the max logit {fmt(logit)} is above growth_factor "
                         f"{self.growth_factor:g} x its median {fmt(med)} over the last "
