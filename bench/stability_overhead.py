@@ -17,6 +17,8 @@ Every setting trains the same model on the same batches (AdamW, one torch thread
   of ``stability`` (target: at most 1.2 times its added time).
 * ``stability_i10``: mltrace saving the signals every 10 steps (target: at most 5% added to
   the step).
+* ``by_hand_i10``: the by-hand computation every 10 steps (the hooks return at once on the
+  others): the floor of ``stability_i10``.
 
 Protocol (bench/protocol.py): fresh model, optimizer, hook and out_dir per run; a run's time is
 its training loop plus ``hook.close()``, per step; settings interleaved, a warm-up run each, the
@@ -51,8 +53,8 @@ from torch import nn
 import protocol
 from nanogpt import LanguageModelLoss, make_batches, make_model, make_optimizer
 
-SETTINGS = ("none", "stability", "by_hand", "stability_i10")
-LONG = ("stability_i10",)
+SETTINGS = ("none", "stability", "by_hand", "stability_i10", "by_hand_i10")
+LONG = ("stability_i10", "by_hand_i10")
 
 
 def spikebench_config() -> Any:
@@ -94,8 +96,10 @@ class Mltrace(Monitor):
 class ByHand(Monitor):
     """The same quantities by hand with torch; one host copy per step, appended to a file."""
 
-    def __init__(self, out_dir: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, out_dir: str, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 interval: int = 1) -> None:
         os.makedirs(out_dir, exist_ok=True)
+        self.interval, self.step, self.active = interval, 0, True
         self.file = open(os.path.join(out_dir, "signals.f32"), "wb")  # noqa: SIM115 - closed in close()
         self.model, self.optimizer = model, optimizer
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -108,6 +112,8 @@ class ByHand(Monitor):
 
     def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         out = self.sdpa(q, k, v, *args, **kwargs)
+        if not self.active:
+            return out
         with torch.no_grad():
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
             t = scores.shape[-1]
@@ -117,7 +123,7 @@ class ByHand(Monitor):
         return out
 
     def _outliers(self, module: nn.Module, inputs: Any, output: Any) -> None:
-        if not isinstance(output, torch.Tensor) or not output.is_floating_point():
+        if not self.active or not isinstance(output, torch.Tensor) or not output.is_floating_point():
             return
         with torch.no_grad():
             a = output.detach().reshape(-1).abs()
@@ -128,6 +134,8 @@ class ByHand(Monitor):
             self.values.append(torch.stack(parts))
 
     def _logits(self, module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
+        if not self.active:
+            return
         with torch.no_grad():
             x = output.detach().reshape(-1, output.shape[-1])
             log_z = torch.logsumexp(x, -1)
@@ -135,12 +143,19 @@ class ByHand(Monitor):
             self.values.append(torch.stack([log_z.mean(), log_z.max(), x.max(), entropy.mean()]))
 
     def before_step(self) -> None:
+        if not self.active:
+            return
         with torch.no_grad():
             norms = torch.stack(torch._foreach_norm([p.grad for p in self.params]))  # type: ignore[misc]
             self.values += [norms, torch.linalg.vector_norm(norms).reshape(1)]
             self.before = [p.detach().clone() for p in self.params]
 
     def after_step(self, loss: torch.Tensor) -> None:
+        self.step += 1
+        if not self.active:
+            self.active = self.step % self.interval == 0
+            return
+        self.active = self.step % self.interval == 0
         with torch.no_grad():
             for p, before in zip(self.params, self.before):
                 delta = p.detach() - before
@@ -176,8 +191,8 @@ def monitor(setting: str, out_dir: str, model: nn.Module, loss: nn.Module,
         return Monitor()
     if setting in ("stability", "stability_i10"):
         return Mltrace(out_dir, model, loss, 10 if setting == "stability_i10" else 1)
-    if setting == "by_hand":
-        return ByHand(out_dir, model, optimizer)
+    if setting in ("by_hand", "by_hand_i10"):
+        return ByHand(out_dir, model, optimizer, 10 if setting == "by_hand_i10" else 1)
     raise SystemExit(f"unknown setting {setting!r}: choose from {', '.join(SETTINGS)}")
 
 
@@ -246,6 +261,9 @@ def report(results: dict[str, protocol.Measured]) -> list[str]:
         base = results["none_long"].median
         a = results["stability_i10"].median - base
         lines.append(f"stability every 10 steps: {a:+.2f} ms/step = {100 * a / base:+.1f}% of the step (target <= 5%)")
+        if "by_hand_i10" in results:
+            b = results["by_hand_i10"].median - base
+            lines.append(f"by hand every 10 steps (the floor): {b:+.2f} ms/step = {100 * b / base:+.1f}% of the step")
     return lines
 
 

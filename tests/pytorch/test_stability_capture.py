@@ -293,3 +293,21 @@ def test_grad_norms_are_taken_before_clipping(tmp_path: Path) -> None:
     np.testing.assert_allclose([trial.tensor("grad_norm/TinyGPT_head.weight").value(s) for s in range(3)], head, rtol=1e-5)
     assert min(returned) > 1e-2  # far above the clipped norm
     assert torch.nn.utils.clip_grad_norm_.__module__ == "torch.nn.utils.clip_grad"  # torch's again
+
+
+def test_a_stability_rule_from_the_rule_cli_names_module_layer_and_head(tmp_path: Path) -> None:
+    """The rule CLI on a trial the hook wrote: a threshold every head's logits pass fires at the
+    first step, naming the module, its layer and the head; the defaults find nothing."""
+    import subprocess
+    import sys
+
+    torch.manual_seed(0)
+    _train(tmp_path, TinyGPT(), steps=3)
+    base = [sys.executable, "-m", "mltrace.rules.rule_invoker", "--trial-dir", str(tmp_path),
+            "--rule-name", "AttentionLogitGrowth"]
+    quiet = subprocess.run(base, capture_output=True, text=True, timeout=120)
+    assert quiet.returncode == 0, quiet.stdout + quiet.stderr
+    fired = subprocess.run([*base, "--max_logit", "0.001"], capture_output=True, text=True, timeout=120)
+    assert fired.returncode == 1, fired.stdout + fired.stderr
+    out = fired.stdout + fired.stderr
+    assert "step 0" in out and "attention/blocks.0.attn/max_logit head 0" in out and "layer blocks.0" in out

@@ -45,12 +45,21 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _norms(tensors: Sequence[torch.Tensor], order: float) -> torch.Tensor:
-    """Each tensor's ``order``-norm in float32, in a few multi-tensor kernels; an empty tensor
-    (an uneven shard: this rank holds no row of the parameter) has norm 0."""
+    """Each tensor's ``order``-norm (2 or 1) in float32, in a few multi-tensor kernels; an empty
+    tensor (an uneven shard: this rank holds no row of the parameter) has norm 0."""
     if not tensors:
         return torch.zeros(0)
     kept = [t if t.numel() else t.new_zeros(1) for t in tensors]
     return torch.stack(torch._foreach_norm(kept, order)).float()
+
+
+def _abs_maxes(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Each tensor's largest absolute value in float32 (0 for an empty shard), from one
+    ``aminmax`` each: on a CPU several times faster than the infinity-norm of ``_foreach_norm``."""
+    if not tensors:
+        return torch.zeros(0)
+    pairs = [torch.aminmax(t if t.numel() else t.new_zeros(1)) for t in tensors]
+    return torch.maximum(torch.stack([p.max for p in pairs]), -torch.stack([p.min for p in pairs])).float()
 
 
 def combine_across_shards(params: Sequence[torch.Tensor], sums: torch.Tensor,
@@ -166,7 +175,7 @@ class OptimizerSignals:
         before = [_local(b) for _, _, b in updated]
         delta = torch._foreach_sub(after, before)
         sums = torch.stack([_norms(delta, 2.0).square(), _norms(before, 2.0).square()], dim=1)
-        maxes = _norms(delta, float("inf")).unsqueeze(1)
+        maxes = _abs_maxes(delta).unsqueeze(1)
         combine_across_shards([p for _, p, _ in updated], sums, maxes)
         l2 = sums[:, 0].sqrt()
         values = torch.stack([l2, maxes[:, 0], l2 / sums[:, 1].sqrt()], dim=1).reshape(-1)
@@ -194,8 +203,7 @@ class OptimizerSignals:
         sums = torch.stack([torch.zeros_like(count), torch.zeros_like(count), count,
                             _norms(ms, 2.0).square(), _norms(vs, 1.0) / correction, positive,
                             below - (count - positive), _norms(grads, 2.0).square()], dim=1)
-        maxes = torch.stack([torch.zeros_like(count), _norms(ms, float("inf")),
-                             _norms(vs, float("inf")) / correction], dim=1)
+        maxes = torch.stack([torch.zeros_like(count), _abs_maxes(ms), _abs_maxes(vs) / correction], dim=1)
         combine_across_shards([p for _, p, _ in adam], sums, maxes)
         n = sums[:, _N]
         values = torch.stack([(sums[:, _M2] / n).sqrt(), maxes[:, _MMAX], sums[:, _V] / n, maxes[:, _VMAX],
