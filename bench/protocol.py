@@ -12,6 +12,7 @@ The bench scripts import this module as ``protocol`` (a script's own folder is f
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
@@ -109,6 +110,28 @@ def machine(extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
             "executable": sys.executable, "commit": commit(),
             "load_per_core": round(load_per_core(), 2), **(extra or {})}
+
+
+def print_step_report(what: str, model: Any, config: Any, results: Mapping[str, Measured],
+                      ratios: list[str], as_json: bool, extra: Mapping[str, Any] | None = None) -> None:
+    """The end of a training-step benchmark: the machine and the model (``what``, its size from
+    ``model``'s parameters), each setting's median ms/step with its spread, then ``ratios``; or
+    all of it as one JSON object."""
+    params = list(model.parameters())
+    env = machine({**(extra or {}), "model": f"{config}", "parameters": sum(p.numel() for p in params),
+                   "tensors": len(params), "load_per_core_after": round(load_per_core(), 2)})
+    if as_json:
+        print(json.dumps({"results": {k: m.as_dict() for k, m in results.items()},
+                          "ratios": ratios, "env": env}))
+        return
+    print(f"{what}, {env['parameters']} parameters in {env['tensors']} tensors; "
+          f"commit {env['commit']}, {env['cpu']}, load {env['load_per_core']}/core before, "
+          f"{env['load_per_core_after']} after")
+    for name, m in results.items():
+        lo, hi = m.spread
+        print(f"{name:18s} {m.median:8.2f} ms/step (runs {lo:.2f}..{hi:.2f})")
+    for line in ratios:
+        print(line)
 
 
 def warn_if_busy(stream: Any = sys.stderr) -> bool:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import math
 import os
 import shutil
@@ -287,23 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     config = spikebench_config()
-    model = make_model(config)
-    env = protocol.machine({"torch": torch.__version__, "numpy": np.__version__, "model": f"{config}",
-                            "parameters": sum(p.numel() for p in model.parameters()),
-                            "tensors": len(list(model.parameters())),
-                            "load_per_core_after": round(protocol.load_per_core(), 2)})
-    if args.json:
-        print(json.dumps({"results": {k: m.as_dict() for k, m in results.items()},
-                          "ratios": report(results), "env": env}))
-        return 0
-    print(f"SpikeBench model, {env['parameters']} parameters in {env['tensors']} tensors; "
-          f"commit {env['commit']}, {env['cpu']}, load {env['load_per_core']}/core before, "
-          f"{env['load_per_core_after']} after")
-    for name, m in results.items():
-        lo, hi = m.spread
-        print(f"{name:18s} {m.median:8.2f} ms/step (runs {lo:.2f}..{hi:.2f})")
-    for line in report(results):
-        print(line)
+    protocol.print_step_report("SpikeBench model", make_model(config), config, results, report(results), args.json,
+                               {"torch": torch.__version__, "numpy": np.__version__})
     return 0
 
 
