@@ -15,8 +15,6 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-import numpy as np
-
 from mltrace._logging import configure_from_env
 from mltrace.capture.adapter import Adapter, as_numpy
 from mltrace.capture.carried import CarriedValues
@@ -27,7 +25,7 @@ from mltrace.capture.nan_watch import NanWatch
 from mltrace.capture.options import HookOptions
 from mltrace.capture.out_dir import OutDirGuard, open_out_dir
 from mltrace.capture.outputs import Outputs
-from mltrace.capture.plan import SavePlan, what_to_save
+from mltrace.capture.plan import SavePlan
 from mltrace.capture.quiet import QuietLane
 from mltrace.capture.recording import Recording
 from mltrace.capture.recording_adapter import RecordingAdapter
@@ -304,31 +302,6 @@ class Hook(QuietLane):
         recorder = self.recorder
         if recorder is not None and recorder.current is not None:
             recorder.observe(name, value, colls)
-
-    def save_host_arrays(self, records: list[tuple[str, np.ndarray]]) -> None:
-        """Save many small host arrays at once (an adapter's computed signals): those whose due
-        collections ask for the raw value only, with no TensorBoard export or flight recorder
-        to feed, are encoded together in one batch; the others go through save_for_tensor."""
-        outputs = self.outputs
-        plain: list[tuple[str, np.ndarray]] = []
-        fast = outputs.tensorboard is None and self.recorder is None and not outputs.sinks
-        raw_only: dict[tuple[Collection, ...], bool] = {}  # most names share a few memberships
-        for name, array in records:
-            colls = self.plan.collections_of(name)
-            if not colls:
-                continue
-            plain_here = raw_only.get(colls)
-            if plain_here is None:
-                due = self.plan.due_for(colls) if fast else ()
-                plain_here = raw_only[colls] = bool(due) and what_to_save(due) == (True, False, [])
-            if not plain_here or name in outputs.written:
-                self.save_for_tensor(name, array)
-                continue
-            outputs.written.add(name)
-            plain.append((name, array))
-            self.nan_watch.observe(name, array)
-        if plain:
-            outputs.write_batch(plain)
 
     @guarded(user_facing=True)
     def save_scalar(self, name: str, value: Any, sm_metric: bool = False, timestamp: float | None = None) -> None:

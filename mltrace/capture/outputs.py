@@ -138,7 +138,8 @@ class Outputs:
                 self._write_record(name, value)
 
     def write_batch(self, records: list[tuple[str, np.ndarray]]) -> None:
-        """Write raw host records of the step together (one wall time; see Hook.save_host_arrays)."""
+        """Write raw host records of the step together (one wall time; see
+        mltrace.capture.host_arrays)."""
         self._open_step()
         assert self.writer is not None
         self.writer.add_tensors(records, self._clock.mode, self._clock.mode_step)

@@ -50,7 +50,7 @@ def _watch(location, rules, cap=2, **kwargs) -> Watcher:
 
 
 @pytest.mark.parametrize("spec, message", [
-    ({"RuleName": "NoSuchRule"}, "unknown rule 'NoSuchRule'; known rules are: AllZero"),
+    ({"RuleName": "NoSuchRule"}, "unknown rule 'NoSuchRule'; known rules are: AdamEpsilonDominance, AdamStaleSecondMoment, AllZero"),
     ({"RuleName": "VanishingGradient", "RuleParameters": {"treshold": "1"}},
      "rule VanishingGradient has no parameter treshold; its parameters are: threshold (default"),
     ({"RuleName": "VanishingGradient", "Trial": "*"}, "unknown keys ['Trial']"),

@@ -1,9 +1,8 @@
 """Gradient norms before the optimizer steps, and after it the update it applied and Adam's state.
 
 Each parameter's signals come from sums and maxima over its elements (count, sums of squares,
-absolute maxima, counts of elements past a threshold), computed on its device with torch's
-multi-tensor (``_foreach``) kernels, a few launches for all parameters rather than a few per
-parameter. For a sharded parameter (FSDP2's DTensor) they are computed over the local shard and
+absolute maxima, counts of elements past a threshold), computed on its device, a few kernels
+per parameter stacked into one tensor for all of them. For a sharded parameter (FSDP2's DTensor) they are computed over the local shard and
 combined across the ranks that hold the other shards: one all-reduce of the sums and one of the
 maxima per step, the full tensor never gathered, and the result the same as a single process's
 up to float rounding.
@@ -45,17 +44,16 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _norms(tensors: Sequence[torch.Tensor], order: float) -> torch.Tensor:
-    """Each tensor's ``order``-norm (2 or 1) in float32, in a few multi-tensor kernels; an empty
-    tensor (an uneven shard: this rank holds no row of the parameter) has norm 0."""
+    """Each tensor's ``order``-norm (2 or 1) in float32; an empty tensor (an uneven shard: this
+    rank holds no row of the parameter) has norm 0."""
     if not tensors:
         return torch.zeros(0)
-    kept = [t if t.numel() else t.new_zeros(1) for t in tensors]
-    return torch.stack(torch._foreach_norm(kept, order)).float()
+    return torch.stack([torch.linalg.vector_norm(t, order).float() for t in tensors])
 
 
 def _abs_maxes(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """Each tensor's largest absolute value in float32 (0 for an empty shard), from one
-    ``aminmax`` each: on a CPU several times faster than the infinity-norm of ``_foreach_norm``."""
+    ``aminmax`` each: on a CPU several times faster than an infinity norm."""
     if not tensors:
         return torch.zeros(0)
     pairs = [torch.aminmax(t if t.numel() else t.new_zeros(1)) for t in tensors]
@@ -173,7 +171,7 @@ class OptimizerSignals:
     def _put_updates(self, updated: list[tuple[str, torch.Tensor, torch.Tensor]]) -> None:
         after = [_local(p) for _, p, _ in updated]
         before = [_local(b) for _, _, b in updated]
-        delta = torch._foreach_sub(after, before)
+        delta = [a - b for a, b in zip(after, before)]
         sums = torch.stack([_norms(delta, 2.0).square(), _norms(before, 2.0).square()], dim=1)
         maxes = _abs_maxes(delta).unsqueeze(1)
         combine_across_shards([p for _, p, _ in updated], sums, maxes)

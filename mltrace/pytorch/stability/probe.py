@@ -29,7 +29,8 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-from mltrace.capture.errors import ErrorPolicy
+from mltrace.capture.errors import ErrorPolicy, guarded
+from mltrace.capture.host_arrays import save_host_arrays
 from mltrace.pytorch.compiled import compiling, eager_only, in_backward
 from mltrace.pytorch.module_hooks import forward_hook
 from mltrace.pytorch.stability import interception
@@ -193,7 +194,7 @@ class StabilityProbe:
             self._warn_empty([c for c in self.due if c in _PER_FORWARD or (stepped and c == OPTIMIZER_STATE)])
         assert self.hook is not None
         if taken:
-            self.hook.save_host_arrays(taken)
+            save_host_arrays(self.hook, taken)
 
     def finish(self) -> None:
         """The last step's signals; then, for the optimizer's side, which asked-for signal the
@@ -214,70 +215,56 @@ class StabilityProbe:
                            "the model, never runs it); register the module the loop calls")
                 self.warn_once(f"stability-{collection}", "the %s collection stays empty: %s", collection, why)
 
-    # -- callbacks ------------------------------------------------------------------------------
+    # -- callbacks (each guarded: an error of mltrace's stops the hook, never the training) ----
     def on_sdpa(self, query: torch.Tensor, key: torch.Tensor, attn_mask: torch.Tensor | None,
                 is_causal: bool, scale: float | None) -> None:
         """An attention call: its logits' maximum and entropy per head, if due."""
-        if ATTENTION not in self.due or self.errors.disabled or in_backward():
-            return
-        name = interception.calling_module(self.names)
-        if name is None:
-            return
-        try:
-            best, entropy = sdpa_statistics(query, key, attn_mask, is_causal, scale)
-            self._put_attention(name, best, entropy)
-        except Exception as exc:  # noqa: BLE001 - as guarded(): the hook stops, not training
-            self.errors.failed(exc, "computing attention statistics")
+        if ATTENTION in self.due and not in_backward():
+            self._attention(lambda: sdpa_statistics(query, key, attn_mask, is_causal, scale))
 
     def on_softmax(self, scores: torch.Tensor, probabilities: torch.Tensor) -> None:
         """A materialised attention softmax (eager attention), if due."""
-        if ATTENTION not in self.due or self.errors.disabled or in_backward():
-            return
-        name = interception.calling_module(self.names)
+        if ATTENTION in self.due and not in_backward():
+            self._attention(lambda: softmax_statistics(scores, probabilities))
+
+    @guarded()
+    def _attention(self, statistics: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> None:
+        name = interception.calling_module(self.names, depth=4)
         if name is None:
             return
-        try:
-            best, entropy = softmax_statistics(scores, probabilities)
-            self._put_attention(name, best, entropy)
-        except Exception as exc:  # noqa: BLE001 - as guarded()
-            self.errors.failed(exc, "computing attention statistics")
-
-    def on_clip(self, parameters: list[torch.Tensor]) -> None:
-        """``clip_grad_norm_`` is about to clip: the gradient norms before it, if due."""
-        if GRAD_NORMS not in self.due or self.errors.disabled:
-            return
-        try:
-            self.optimizer.before_clipping(parameters)
-        except Exception as exc:  # noqa: BLE001 - as guarded()
-            self.errors.failed(exc, "computing gradient norms")
-
-    def _put_attention(self, name: str, best: torch.Tensor, entropy: torch.Tensor) -> None:
         names = self._attention_names.get(name)
         if names is None:
             names = self._attention_names[name] = [signal_name(ATTENTION, name, q) for q in QUANTITIES[ATTENTION]]
+        best, entropy = statistics()
         self.signals.put(names, torch.stack([best, entropy.to(best.dtype)]), ("max", "mean"))
+
+    @guarded()
+    def on_clip(self, parameters: list[torch.Tensor]) -> None:
+        """``clip_grad_norm_`` is about to clip: the gradient norms before it, if due."""
+        if GRAD_NORMS in self.due:
+            self.optimizer.before_clipping(parameters)
 
     def _logits_hook(self, root: str) -> Callable[[torch.nn.Module, Any, Any], None]:
         names = [signal_name(LOGITS, root, q) for q in QUANTITIES[LOGITS]]
 
         def on_output(module: torch.nn.Module, inputs: Any, output: Any) -> None:
-            if LOGITS not in self.due or self.errors.disabled or in_backward():
-                return
-            self._model_called = True
-            try:
-                logits = find_logits(output)
-                if logits is None:
-                    self.warn_once(f"no-logits-{root}",
-                                   "the logits collection stays empty: the output of %s (a %s) holds no "
-                                   "floating tensor of 2 or more dimensions; return the logits from the "
-                                   "registered model (a tensor, a tuple starting with them, or an object "
-                                   "with a .logits attribute)", root, type(output).__name__)
-                    return
-                self.signals.put(names, logits_statistics(logits), _LOGIT_MERGES)
-            except Exception as exc:  # noqa: BLE001 - as guarded()
-                self.errors.failed(exc, "computing logit statistics")
+            if LOGITS in self.due and not in_backward():
+                self._logits(root, names, output)
 
         return on_output
+
+    @guarded()
+    def _logits(self, root: str, names: list[str], output: Any) -> None:
+        self._model_called = True
+        logits = find_logits(output)
+        if logits is None:
+            self.warn_once(f"no-logits-{root}",
+                           "the logits collection stays empty: the output of %s (a %s) holds no "
+                           "floating tensor of 2 or more dimensions; return the logits from the "
+                           "registered model (a tensor, a tuple starting with them, or an object "
+                           "with a .logits attribute)", root, type(output).__name__)
+            return
+        self.signals.put(names, logits_statistics(logits), _LOGIT_MERGES)
 
     def _outlier_hook(self, module_name: str, linear: bool) -> Callable[[torch.nn.Module, Any, Any], None]:
         quantities = ("abs_max", "abs_median", "max_over_median", "l2") if linear else \
@@ -286,33 +273,27 @@ class StabilityProbe:
         merges: tuple[Merge, ...] = ("max", "mean", "max", "l2")[:len(names)]  # type: ignore[assignment]
 
         def on_output(module: torch.nn.Module, inputs: Any, output: Any) -> None:
-            if compiling() or ACTIVATIONS not in self.due or self.errors.disabled or in_backward():
+            if compiling() or ACTIVATIONS not in self.due or in_backward():
                 return
             tensor = output if isinstance(output, torch.Tensor) else find_logits(output)
-            if tensor is None or not tensor.is_floating_point() or tensor.numel() == 0:
-                return
-            try:
-                self.signals.put(names, outlier_statistics(tensor, linear), merges)
-            except Exception as exc:  # noqa: BLE001 - as guarded()
-                self.errors.failed(exc, "computing activation outliers")
+            if tensor is not None and tensor.is_floating_point() and tensor.numel():
+                self._outliers(names, tensor, linear, merges)
 
         return on_output
 
-    def _before_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if not self.optimizer.active or self.errors.disabled:
-            return
-        try:
-            self.optimizer.before_step(optimizer)
-        except Exception as exc:  # noqa: BLE001 - as guarded()
-            self.errors.failed(exc, "computing gradient norms")
+    @guarded()
+    def _outliers(self, names: list[str], tensor: torch.Tensor, linear: bool, merges: tuple[Merge, ...]) -> None:
+        self.signals.put(names, outlier_statistics(tensor, linear), merges)
 
+    @guarded()
+    def _before_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if self.optimizer.active:
+            self.optimizer.before_step(optimizer)
+
+    @guarded()
     def _after_optimizer(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if not self.optimizer.active or self.errors.disabled:
-            return
-        try:
+        if self.optimizer.active:
             self.optimizer.after_step(optimizer)
-        except Exception as exc:  # noqa: BLE001 - as guarded()
-            self.errors.failed(exc, "computing updates and optimizer state")
 
 
 __all__ = ["StabilityProbe", "find_logits"]
