@@ -324,6 +324,13 @@ class StabilityRule(Rule):
         super().__init__(base_trial, action_str=action_str)
         self._history = History(base_trial, keep)
 
+    def set_window(self, size: int, min_history: Any) -> None:
+        """The trailing window (``size`` steps, parsed before the history is made) and the
+        warm-up ``min_history`` in [2, size] the rule judges by."""
+        self.window = size
+        self.min_history = int_param(self.rule_name, "min_history", min_history, 2)
+        check_min_history(self.rule_name, self.min_history, size)
+
     def report_findings(self, step: int, findings: list[str]) -> bool:
         """Set the message for ``findings`` at ``step`` (each "<where>: <what>"); True when
         there is any."""

@@ -8,7 +8,6 @@ from typing import Any
 from mltrace.rules.builtin.stability._signals import (
     SignalNames,
     StabilityRule,
-    check_min_history,
     float_param,
     fmt,
     int_param,
@@ -61,9 +60,7 @@ class AttentionLogitGrowth(StabilityRule):
         self.max_logit = float_param(name, "max_logit", max_logit, 0, inclusive=False)
         self.growth_factor = float_param(name, "growth_factor", growth_factor, 1, inclusive=False)
         self.min_logit = float_param(name, "min_logit", min_logit, 0)
-        self.window = size
-        self.min_history = int_param(name, "min_history", min_history, 2)
-        check_min_history(name, self.min_history, self.window)
+        self.set_window(size, min_history)
         self._names = SignalNames(ATTENTION, "max_logit")
 
     def invoke_at_step(self, step: int) -> bool:
@@ -118,9 +115,7 @@ class AttentionEntropyCollapse(StabilityRule):
         self.min_entropy = float_param(name, "min_entropy", min_entropy, 0, inclusive=False)
         self.drop_fraction = float_param(name, "drop_fraction", drop_fraction, 0, 1,
                                          inclusive=False)
-        self.window = size
-        self.min_history = int_param(name, "min_history", min_history, 2)
-        check_min_history(name, self.min_history, self.window)
+        self.set_window(size, min_history)
         self._names = SignalNames(ATTENTION, "entropy")
 
     def invoke_at_step(self, step: int) -> bool:

@@ -8,7 +8,6 @@ from typing import Any
 from mltrace.rules.builtin.stability._signals import (
     SignalNames,
     StabilityRule,
-    check_min_history,
     float_param,
     fmt,
     int_param,
@@ -50,9 +49,7 @@ class OutputLogitDrift(StabilityRule):
         require_collection(name, base_trial, LOGITS, "output-logit statistics")
         self.max_drift = float_param(name, "max_drift", max_drift, 0, inclusive=False)
         self.max_log_z = float_param(name, "max_log_z", max_log_z, 0, inclusive=False)
-        self.window = size
-        self.min_history = int_param(name, "min_history", min_history, 2)
-        check_min_history(name, self.min_history, self.window)
+        self.set_window(size, min_history)
         self._means = SignalNames(LOGITS, "log_z_mean")
         self._maxima = SignalNames(LOGITS, "log_z_max")
         self._largest = SignalNames(LOGITS, "max")

@@ -13,7 +13,6 @@ from mltrace.rules.builtin._params import as_bool
 from mltrace.rules.builtin.stability._signals import (
     SignalNames,
     StabilityRule,
-    check_min_history,
     float_param,
     fmt,
     int_param,
@@ -57,9 +56,7 @@ class UpdateRatio(StabilityRule):
         require_collection(name, base_trial, UPDATES, "update-to-weight ratios")
         self.max_ratio = float_param(name, "max_ratio", max_ratio, 0, inclusive=False)
         self.jump_factor = float_param(name, "jump_factor", jump_factor, 1, inclusive=False)
-        self.window = size
-        self.min_history = int_param(name, "min_history", min_history, 2)
-        check_min_history(name, self.min_history, self.window)
+        self.set_window(size, min_history)
         self._names = SignalNames(UPDATES, "ratio")
 
     def _update_is_finite(self, name: str, step: int) -> bool:
@@ -181,9 +178,7 @@ class AdamStaleSecondMoment(StabilityRule):
         self.stale_ratio = float_param(name, "stale_ratio", stale_ratio, 0, inclusive=False)
         self.spike_ratio = float_param(name, "spike_ratio", spike_ratio, self.stale_ratio,
                                        inclusive=False)
-        self.window = size
-        self.min_history = int_param(name, "min_history", min_history, 2)
-        check_min_history(name, self.min_history, self.window)
+        self.set_window(size, min_history)
         self.patience = int_param(name, "patience", patience, 1)
         self.warn_stale = as_bool(name, "warn_stale", warn_stale)
         self._names = SignalNames(OPTIMIZER_STATE, "grad_sq_ratio")
