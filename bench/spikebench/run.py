@@ -12,7 +12,7 @@ Trainings run ``--jobs`` at a time, each in a fresh process with one torch threa
 worker_divergence's two DistributedDataParallel workers run after the others, alone. Trials and
 each run's ``run.json`` stay under ``--out``; ``--reuse`` runs the rules again over trials
 trained before with the same steps and collections. The report goes to
-bench/results/spikebench.json.
+bench/results/spikebench.json (``--report``).
 
 Examples:
     .venv/bin/python bench/spikebench/run.py
@@ -53,8 +53,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--scenarios", nargs="+", default=list(SCENARIOS),
                    help="faults to inject (names or comma-separated; default: all): "
                         + ", ".join(SCENARIOS))
-    p.add_argument("--seeds", type=int, default=5, help="healthy runs (seeds 0..N-1)")
-    p.add_argument("--fault-seeds", type=int, default=1, help="runs per fault (seeds 0..N-1)")
+    p.add_argument("--seeds", type=int, default=5, help="healthy runs (seeds S..S+N-1)")
+    p.add_argument("--fault-seeds", type=int, default=1, help="runs per fault (seeds S..S+N-1)")
+    p.add_argument("--first-seed", type=int, default=0,
+                   help="S, the first seed of every kind of run: runs held out from the ones the "
+                        "rules' defaults were set on start at a later seed")
     p.add_argument("--healthy-workers", type=int, default=1,
                    help="healthy runs of two DDP workers (seeds 0..N-1; where a fault needs "
                         "workers): the worker rule's false alarms")
@@ -73,6 +76,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reuse", action="store_true",
                    help="keep runs already trained under --out with these settings")
     p.add_argument("--json", action="store_true", help="print the JSON report instead")
+    p.add_argument("--report", default=os.path.join(RESULTS, "spikebench.json"),
+                   help="where the JSON report goes")
     return p
 
 
@@ -82,10 +87,11 @@ def _names(values: Sequence[str]) -> list[str]:
 
 def _specs(args: argparse.Namespace) -> list[train.RunSpec]:
     collections = tuple(_names([args.collections]))
-    runs = [(s, seed) for s in _names(args.scenarios) for seed in range(args.fault_seeds)]
-    runs += [(HEALTHY, seed) for seed in range(args.seeds)]
+    first = args.first_seed
+    runs = [(s, seed) for s in _names(args.scenarios) for seed in range(first, first + args.fault_seeds)]
+    runs += [(HEALTHY, seed) for seed in range(first, first + args.seeds)]
     if any(scenario_class(name).workers > 1 for name, _ in runs):
-        runs += [(HEALTHY_WORKERS, seed) for seed in range(args.healthy_workers)]
+        runs += [(HEALTHY_WORKERS, seed) for seed in range(first, first + args.healthy_workers)]
     return [train.RunSpec(name, seed, args.steps, os.path.join(args.out, f"{name}-seed{seed}"),
                           collections, args.clip) for name, seed in runs]
 
@@ -190,8 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               "seconds": time.perf_counter() - start, **summary,
               "runs": [{**r.record.as_dict(), "outcomes": [o.as_dict() for o in r.outcomes.values()]}
                        for r in runs]}
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "spikebench.json"), "w") as f:
+    os.makedirs(os.path.dirname(os.path.abspath(args.report)), exist_ok=True)
+    with open(args.report, "w") as f:
         json.dump(_jsonable(result), f, indent=1)
     if args.json:
         json.dump(_jsonable(result), sys.stdout, indent=1)
