@@ -311,3 +311,11 @@ def test_a_stability_rule_from_the_rule_cli_names_module_layer_and_head(tmp_path
     assert fired.returncode == 1, fired.stdout + fired.stderr
     out = fired.stdout + fired.stderr
     assert "step 0" in out and "attention/blocks.0.attn/max_logit head 0" in out and "layer blocks.0" in out
+
+
+def test_a_hook_closed_before_its_first_step_writes_nothing_and_raises_nothing(tmp_path: Path) -> None:
+    sdpa = F.scaled_dot_product_attention
+    hook = smd.Hook(out_dir=str(tmp_path / "run"), include_collections=["stability"], strict=True)
+    hook.register_module(TinyGPT())
+    hook.close()
+    assert F.scaled_dot_product_attention is sdpa

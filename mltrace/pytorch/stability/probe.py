@@ -186,13 +186,14 @@ class StabilityProbe:
     def end_step(self) -> None:
         """Save the step's signals (one host copy per device); say once which asked-for
         signal a step that saved them had none of, and how to get it."""
+        if self.hook is None:  # closed before its first step: nothing was computed
+            return
         taken = self.signals.take() if len(self.signals) else []
         if self.due:
             found = {name.split("/", 1)[0] + "/" for name, _ in taken}
             self._seen |= found
             stepped = bool(found & {PREFIXES[GRAD_NORMS], PREFIXES[UPDATES]})
             self._warn_empty([c for c in self.due if c in _PER_FORWARD or (stepped and c == OPTIMIZER_STATE)])
-        assert self.hook is not None
         if taken:
             save_host_arrays(self.hook, taken)
 
