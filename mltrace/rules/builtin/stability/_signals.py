@@ -25,7 +25,7 @@ from mltrace.exceptions import (
     TensorUnavailable,
 )
 from mltrace.modes import ModeKeys
-from mltrace.rules.builtin._params import as_float, as_int, check_range
+from mltrace.rules.builtin._params import as_int, check_range
 from mltrace.rules.rule import Rule
 from mltrace.stability.signals import (
     GRAD_NORMS,
@@ -53,12 +53,6 @@ def int_param(rule: str, name: str, value: Any, low: int, high: int | None = Non
     number = as_int(rule, name, value)
     check_range(rule, name, number, low, high)
     return number
-
-
-def float_param(rule: str, name: str, value: Any, low: float | None = None,
-                high: float | None = None, inclusive: bool = True) -> float:
-    """A float parameter within [low, high] (the open interval when not ``inclusive``)."""
-    return as_float(rule, name, value, low, high, inclusive)
 
 
 def check_min_history(rule: str, min_history: int, window: int, low: int = 2) -> None:
@@ -357,6 +351,6 @@ def per_head(values: np.ndarray) -> list[tuple[int | None, float]]:
 
 __all__ = [
     "History", "MAX_FINDINGS", "Running", "SignalNames", "StabilityRule", "check_min_history",
-    "float_param", "fmt", "global_grad_norms", "grad_norm_names", "how_to_record", "int_param",
+    "fmt", "global_grad_norms", "grad_norm_names", "how_to_record", "int_param",
     "per_head", "require_collection", "step_mode", "trailing", "where",
 ]

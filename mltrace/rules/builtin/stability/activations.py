@@ -8,11 +8,11 @@ from typing import Any
 import numpy as np
 
 from mltrace.exceptions import MltraceValueError
+from mltrace.rules.builtin._params import as_float
 from mltrace.rules.builtin.stability._signals import (
     SignalNames,
     StabilityRule,
     check_min_history,
-    float_param,
     fmt,
     int_param,
     require_collection,
@@ -47,8 +47,8 @@ class MassiveActivation(StabilityRule):
         super().__init__(base_trial, action_str, 2)
         name = self.rule_name
         require_collection(name, base_trial, ACTIVATIONS, "module-output outlier statistics")
-        self.min_abs = float_param(name, "min_abs", min_abs, 0, inclusive=False)
-        self.ratio = float_param(name, "ratio", ratio, 1, inclusive=False)
+        self.min_abs = as_float(name, "min_abs", min_abs, 0, inclusive=False)
+        self.ratio = as_float(name, "ratio", ratio, 1, inclusive=False)
         self._names = SignalNames(ACTIVATIONS, "abs_max")
 
     def _ratio(self, subject: str, step: int, abs_max: float) -> float | None:
@@ -111,13 +111,13 @@ class LinearOutputGrowth(StabilityRule):
         size = int_param(name, "window", window, 2)
         super().__init__(base_trial, action_str, size + 1)
         require_collection(name, base_trial, ACTIVATIONS, "module-output L2 norms")
-        self.jump_factor = float_param(name, "jump_factor", jump_factor, 1, inclusive=False)
+        self.jump_factor = as_float(name, "jump_factor", jump_factor, 1, inclusive=False)
         self.window = size
-        self.growth_fraction = float_param(name, "growth_fraction", growth_fraction, 0, 1)
+        self.growth_fraction = as_float(name, "growth_fraction", growth_fraction, 0, 1)
         if self.growth_fraction == 0:
             raise MltraceValueError(f"{name}: parameter growth_fraction={self.growth_fraction!r} "
                                     "must lie in (0, 1]")
-        self.growth_factor = float_param(name, "growth_factor", growth_factor, 1, inclusive=False)
+        self.growth_factor = as_float(name, "growth_factor", growth_factor, 1, inclusive=False)
         self.min_history = int_param(name, "min_history", min_history, 2)
         check_min_history(name, self.min_history, self.window)
         self._names = SignalNames(ACTIVATIONS, "l2")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from mltrace.rules.builtin._params import as_float
 from mltrace.rules.builtin.stability._signals import (
     SignalNames,
     StabilityRule,
-    float_param,
     fmt,
     int_param,
     per_head,
@@ -57,9 +57,9 @@ class AttentionLogitGrowth(StabilityRule):
         size = int_param(name, "window", window, 2)
         super().__init__(base_trial, action_str, size + 1)
         require_collection(name, base_trial, ATTENTION, "per-head attention max logits")
-        self.max_logit = float_param(name, "max_logit", max_logit, 0, inclusive=False)
-        self.growth_factor = float_param(name, "growth_factor", growth_factor, 1, inclusive=False)
-        self.min_logit = float_param(name, "min_logit", min_logit, 0)
+        self.max_logit = as_float(name, "max_logit", max_logit, 0, inclusive=False)
+        self.growth_factor = as_float(name, "growth_factor", growth_factor, 1, inclusive=False)
+        self.min_logit = as_float(name, "min_logit", min_logit, 0)
         self.set_window(size, min_history)
         self._names = SignalNames(ATTENTION, "max_logit")
 
@@ -112,8 +112,8 @@ class AttentionEntropyCollapse(StabilityRule):
         size = int_param(name, "window", window, 2)
         super().__init__(base_trial, action_str, size + 1)
         require_collection(name, base_trial, ATTENTION, "per-head attention entropies")
-        self.min_entropy = float_param(name, "min_entropy", min_entropy, 0, inclusive=False)
-        self.drop_fraction = float_param(name, "drop_fraction", drop_fraction, 0, 1,
+        self.min_entropy = as_float(name, "min_entropy", min_entropy, 0, inclusive=False)
+        self.drop_fraction = as_float(name, "drop_fraction", drop_fraction, 0, 1,
                                          inclusive=False)
         self.set_window(size, min_history)
         self._names = SignalNames(ATTENTION, "entropy")

@@ -7,12 +7,11 @@ from typing import Any
 
 import numpy as np
 
-from mltrace.rules.builtin._params import as_bool
+from mltrace.rules.builtin._params import as_bool, as_float
 from mltrace.rules.builtin.stability._signals import (
     Running,
     SignalNames,
     StabilityRule,
-    float_param,
     fmt,
     grad_norm_names,
     int_param,
@@ -64,10 +63,10 @@ class GradNormSpike(StabilityRule):
         super().__init__(base_trial, action_str, 2)
         name = self.rule_name
         require_collection(name, base_trial, GRAD_NORMS, "gradient norms")
-        self.z_threshold = float_param(name, "z_threshold", z_threshold, 0, inclusive=False)
-        self.min_ratio = float_param(name, "min_ratio", min_ratio, 1)
-        self.layer_min_ratio = float_param(name, "layer_min_ratio", layer_min_ratio, 1)
-        self.alpha = float_param(name, "alpha", alpha, 0, 1, inclusive=False)
+        self.z_threshold = as_float(name, "z_threshold", z_threshold, 0, inclusive=False)
+        self.min_ratio = as_float(name, "min_ratio", min_ratio, 1)
+        self.layer_min_ratio = as_float(name, "layer_min_ratio", layer_min_ratio, 1)
+        self.alpha = as_float(name, "alpha", alpha, 0, 1, inclusive=False)
         self.per_layer = as_bool(name, "per_layer", per_layer)
         self.min_history = int_param(name, "min_history", min_history, 2)
         self._names = SignalNames(GRAD_NORMS, None)

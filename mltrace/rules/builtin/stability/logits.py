@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from mltrace.rules.builtin._params import as_float
 from mltrace.rules.builtin.stability._signals import (
     SignalNames,
     StabilityRule,
-    float_param,
     fmt,
     int_param,
     require_collection,
@@ -47,8 +47,8 @@ class OutputLogitDrift(StabilityRule):
         size = int_param(name, "window", window, 2)
         super().__init__(base_trial, action_str, size + 1)
         require_collection(name, base_trial, LOGITS, "output-logit statistics")
-        self.max_drift = float_param(name, "max_drift", max_drift, 0, inclusive=False)
-        self.max_log_z = float_param(name, "max_log_z", max_log_z, 0, inclusive=False)
+        self.max_drift = as_float(name, "max_drift", max_drift, 0, inclusive=False)
+        self.max_log_z = as_float(name, "max_log_z", max_log_z, 0, inclusive=False)
         self.set_window(size, min_history)
         self._means = SignalNames(LOGITS, "log_z_mean")
         self._maxima = SignalNames(LOGITS, "log_z_max")

@@ -9,14 +9,13 @@ import numpy as np
 
 from mltrace.exceptions import MltraceValueError
 from mltrace.modes import ModeKeys
-from mltrace.rules.builtin._params import as_bool
+from mltrace.rules.builtin._params import as_bool, as_float
 from mltrace.rules.builtin._reading import TensorSelection
 from mltrace.rules.builtin.loss_not_decreasing import loss_selection
 from mltrace.rules.builtin.stability._signals import (
     Running,
     StabilityRule,
     check_min_history,
-    float_param,
     fmt,
     int_param,
     step_mode,
@@ -93,9 +92,9 @@ class LossSpike(StabilityRule):
         self.use_losses_collection = as_bool(name, "use_losses_collection", use_losses_collection)
         self.collection_names, self.tensor_regex, self._selection = loss_tensors(
             name, base_trial, collection_names, tensor_regex, self.use_losses_collection)
-        self.sigmas = float_param(name, "sigmas", sigmas, 0, inclusive=False)
+        self.sigmas = as_float(name, "sigmas", sigmas, 0, inclusive=False)
         self.window = size
-        self.max_factor = float_param(name, "max_factor", max_factor, 1)
+        self.max_factor = as_float(name, "max_factor", max_factor, 1)
         self.min_history = int_param(name, "min_history", min_history, 2)
         check_min_history(name, self.min_history, self.window)
         self._largest = Running(self._history, lambda: -math.inf, _running_max)

@@ -9,11 +9,10 @@ from typing import Any
 import numpy as np
 
 from mltrace.exceptions import MltraceValueError
-from mltrace.rules.builtin._params import as_bool
+from mltrace.rules.builtin._params import as_bool, as_float
 from mltrace.rules.builtin.stability._signals import (
     SignalNames,
     StabilityRule,
-    float_param,
     fmt,
     int_param,
     require_collection,
@@ -54,8 +53,8 @@ class UpdateRatio(StabilityRule):
         size = int_param(name, "window", window, 2)
         super().__init__(base_trial, action_str, size + 1)
         require_collection(name, base_trial, UPDATES, "update-to-weight ratios")
-        self.max_ratio = float_param(name, "max_ratio", max_ratio, 0, inclusive=False)
-        self.jump_factor = float_param(name, "jump_factor", jump_factor, 1, inclusive=False)
+        self.max_ratio = as_float(name, "max_ratio", max_ratio, 0, inclusive=False)
+        self.jump_factor = as_float(name, "jump_factor", jump_factor, 1, inclusive=False)
         self.set_window(size, min_history)
         self._names = SignalNames(UPDATES, "ratio")
 
@@ -116,7 +115,7 @@ class AdamEpsilonDominance(StabilityRule):
         size = int_param(name, "patience", patience, 1)
         super().__init__(base_trial, action_str, size + 1)
         require_collection(name, base_trial, OPTIMIZER_STATE, "Adam's state statistics")
-        self.max_fraction = float_param(name, "max_fraction", max_fraction, 0, 1)
+        self.max_fraction = as_float(name, "max_fraction", max_fraction, 0, 1)
         if self.max_fraction == 1:
             raise MltraceValueError(f"{name}: parameter max_fraction={self.max_fraction!r} must "
                                     "lie in [0, 1)")
@@ -175,8 +174,8 @@ class AdamStaleSecondMoment(StabilityRule):
         size = int_param(name, "window", window, 2)
         super().__init__(base_trial, action_str, size + 1)
         require_collection(name, base_trial, OPTIMIZER_STATE, "Adam's state statistics")
-        self.stale_ratio = float_param(name, "stale_ratio", stale_ratio, 0, inclusive=False)
-        self.spike_ratio = float_param(name, "spike_ratio", spike_ratio, self.stale_ratio,
+        self.stale_ratio = as_float(name, "stale_ratio", stale_ratio, 0, inclusive=False)
+        self.spike_ratio = as_float(name, "spike_ratio", spike_ratio, self.stale_ratio,
                                        inclusive=False)
         self.set_window(size, min_history)
         self.patience = int_param(name, "patience", patience, 1)

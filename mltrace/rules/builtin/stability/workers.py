@@ -8,12 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from mltrace.exceptions import MltraceValueError
-from mltrace.rules.builtin._params import as_bool
+from mltrace.rules.builtin._params import as_bool, as_float
 from mltrace.rules.builtin.stability._signals import (
     SignalNames,
     StabilityRule,
     check_min_history,
-    float_param,
     fmt,
     grad_norm_names,
     int_param,
@@ -84,12 +83,12 @@ class WorkerDivergence(StabilityRule):
                 f"{name} compares the workers of a distributed run and trial "
                 f"{base_trial.name!r} holds one worker's values ({', '.join(workers) or 'none'}): "
                 "save every worker with include_workers='all' on the hook")
-        self.rel_threshold = float_param(name, "rel_threshold", rel_threshold, 0, inclusive=False)
-        self.z_threshold = float_param(name, "z_threshold", z_threshold, 0, inclusive=False)
+        self.rel_threshold = as_float(name, "rel_threshold", rel_threshold, 0, inclusive=False)
+        self.z_threshold = as_float(name, "z_threshold", z_threshold, 0, inclusive=False)
         self.window = int_param(name, "window", window, 2)
         self.min_history = int_param(name, "min_history", min_history, 2)
         check_min_history(name, self.min_history, self.window)
-        self.epsilon = float_param(name, "epsilon", epsilon, 0, inclusive=False)
+        self.epsilon = as_float(name, "epsilon", epsilon, 0, inclusive=False)
         self.grad_norms = as_bool(name, "grad_norms", grad_norms)
         self._grad_names = SignalNames(GRAD_NORMS, None)
         self._spreads: dict[str, dict[int, _Spread | None]] = {}
