@@ -232,20 +232,6 @@ class History:
         return float(value[0]) if value is not None and value.size == 1 else None
 
 
-def trailing(history: History, name: str, step: int, value: np.ndarray, n: int,
-             min_history: int) -> tuple[np.ndarray, np.ndarray]:
-    """The window of ``name`` before ``step`` (its last ``n`` saved values, ``stack``-ed) and,
-    per element of ``value``, its median over that window: NaN for an element with fewer than
-    ``min_history`` finite values there (still warming up), or when the window's values differ
-    in size from ``value`` (a model whose number of heads changed)."""
-    window = history.window(name, step, n)
-    if window.shape[0] == 0 or window.shape[1] != value.size:
-        return np.zeros((0, value.size)), np.full(value.size, np.nan)
-    median = window_median(window)
-    median[np.isfinite(window).sum(axis=0) < min_history] = np.nan
-    return window, median
-
-
 class Running(Generic[S]):
     """A state folded over each series' values in step order (a running maximum, an EMA).
 
@@ -325,6 +311,19 @@ class StabilityRule(Rule):
         self.min_history = int_param(self.rule_name, "min_history", min_history, 2)
         check_min_history(self.rule_name, self.min_history, size)
 
+    def trailing(self, name: str, step: int, value: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The window of ``name`` before ``step`` (its last ``window`` saved values,
+        ``stack``-ed) and, per element of ``value``, its median over that window: NaN for an
+        element with fewer than ``min_history`` finite values there (still warming up), or when
+        the window's values differ in size from ``value`` (a model whose number of heads
+        changed). ``window`` and ``min_history`` are the rule's (see :meth:`set_window`)."""
+        window = self._history.window(name, step, self.window)
+        if window.shape[0] == 0 or window.shape[1] != value.size:
+            return np.zeros((0, value.size)), np.full(value.size, np.nan)
+        median = window_median(window)
+        median[np.isfinite(window).sum(axis=0) < self.min_history] = np.nan
+        return window, median
+
     def report_findings(self, step: int, findings: list[str]) -> bool:
         """Set the message for ``findings`` at ``step`` (each "<where>: <what>"); True when
         there is any."""
@@ -352,5 +351,5 @@ def per_head(values: np.ndarray) -> list[tuple[int | None, float]]:
 __all__ = [
     "History", "MAX_FINDINGS", "Running", "SignalNames", "StabilityRule", "check_min_history",
     "fmt", "global_grad_norms", "grad_norm_names", "how_to_record", "int_param",
-    "per_head", "require_collection", "step_mode", "trailing", "where",
+    "per_head", "require_collection", "step_mode", "where",
 ]

@@ -16,7 +16,6 @@ from mltrace.rules.builtin.stability._signals import (
     fmt,
     int_param,
     require_collection,
-    trailing,
     where,
 )
 from mltrace.stability.signals import ACTIVATIONS, parse_signal, signal_name
@@ -132,8 +131,7 @@ class LinearOutputGrowth(StabilityRule):
             if not math.isfinite(norm):
                 findings.append(f"{label}: the output's L2 norm is {norm}")
                 continue
-            window, median = trailing(self._history, name, step, value, self.window,
-                                      self.min_history)
+            window, median = self.trailing(name, step, value)
             med = float(median[0])
             if med > 0 and norm > self.jump_factor * med:
                 findings.append(

@@ -13,7 +13,6 @@ from mltrace.rules.builtin.stability._signals import (
     int_param,
     per_head,
     require_collection,
-    trailing,
     where,
 )
 from mltrace.stability.signals import ATTENTION
@@ -69,7 +68,7 @@ class AttentionLogitGrowth(StabilityRule):
             value = self._history.value(name, step)
             if value is None:
                 continue
-            _, median = trailing(self._history, name, step, value, self.window, self.min_history)
+            _, median = self.trailing(name, step, value)
             for head, logit in per_head(value):
                 med = float(median[head or 0])
                 if math.isnan(logit) or logit == math.inf:
@@ -124,7 +123,7 @@ class AttentionEntropyCollapse(StabilityRule):
             value = self._history.value(name, step)
             if value is None:
                 continue
-            _, median = trailing(self._history, name, step, value, self.window, self.min_history)
+            _, median = self.trailing(name, step, value)
             for head, entropy in per_head(value):
                 med = float(median[head or 0])
                 if not math.isfinite(entropy) or math.isnan(med):

@@ -12,7 +12,6 @@ from mltrace.rules.builtin.stability._signals import (
     fmt,
     int_param,
     require_collection,
-    trailing,
     where,
 )
 from mltrace.stability.signals import LOGITS
@@ -71,8 +70,7 @@ class OutputLogitDrift(StabilityRule):
                 findings.append(f"{label}: the largest log Z {fmt(x)} is beyond +-max_log_z "
                                 f"{self.max_log_z:g}")
             elif name in means:
-                _, median = trailing(self._history, name, step, value, self.window,
-                                     self.min_history)
+                _, median = self.trailing(name, step, value)
                 med = float(median[0])
                 if not math.isnan(med) and abs(x - med) > self.max_drift:
                     findings.append(

@@ -16,7 +16,6 @@ from mltrace.rules.builtin.stability._signals import (
     fmt,
     int_param,
     require_collection,
-    trailing,
     where,
 )
 from mltrace.stability.signals import OPTIMIZER_STATE, UPDATES, parse_signal, signal_name
@@ -77,7 +76,7 @@ class UpdateRatio(StabilityRule):
                     findings.append(f"{label}: the update ratio is {ratio} (the update is not "
                                     "finite)")
                 continue
-            _, median = trailing(self._history, name, step, value, self.window, self.min_history)
+            _, median = self.trailing(name, step, value)
             med = float(median[0])
             if math.isnan(med):
                 continue
@@ -189,8 +188,7 @@ class AdamStaleSecondMoment(StabilityRule):
             if value is None or value.size != 1 or not math.isfinite(float(value[0])):
                 continue
             ratio, label = float(value[0]), where(name)
-            window, median = trailing(self._history, name, step, value, self.window,
-                                      self.min_history)
+            window, median = self.trailing(name, step, value)
             med = float(median[0])
             if math.isnan(med):
                 continue
