@@ -4,12 +4,11 @@ A series holds one value per step: a scalar (a loss, a gradient norm) or a fixed
 (one value per attention head), statistics running element by element. The stability rules judge
 a step's value against the values of the steps before it:
 
-- ``SeriesHistory``: a series' values by step, and the mean, standard deviation, median and
-  median absolute deviation (MAD) of the last ``n`` values before a step;
+- ``SeriesHistory``: a series' newest values by step, read once;
 - ``EmaZScore``: an exponential moving mean and variance with ZClip's update (alpha 0.97), a
   z-score against them;
 - plain functions over a window of values (``window_mean_std``, ``window_median``,
-  ``window_mad``, ``robust_z``, ``rising_fraction``).
+  ``window_mad``: the median absolute deviation, ``robust_z``, ``rising_fraction``).
 
 Non-finite values (NaN, +-inf) never enter a statistic: a window's statistics are those of its
 finite values, and an element with no finite value in the window has the statistic NaN.
@@ -20,7 +19,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from bisect import bisect_left, insort
+from bisect import insort
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -116,8 +115,8 @@ def rising_fraction(window: np.ndarray) -> np.ndarray:
 
 
 class SeriesHistory:
-    """The values of one series by step, kept in step order, with statistics of the last ``n``
-    values before a step.
+    """The values of one series by step: what a rule has read, so that each value is read from
+    the trial once.
 
     Args:
         keep: how many of the newest values to keep (None: all); adding a value beyond that
@@ -127,7 +126,8 @@ class SeriesHistory:
         >>> h = SeriesHistory(keep=128)
         >>> for step, loss in enumerate([2.0, 1.9, 1.95, 1.8]):
         ...     h.add(step, loss)
-        >>> mean, std = h.mean_std(4, 3)
+        >>> h.get(3)
+        array([1.8])
     """
 
     def __init__(self, keep: int | None = None) -> None:
@@ -136,9 +136,6 @@ class SeriesHistory:
         self.keep = keep
         self._steps: list[int] = []
         self._values: dict[int, np.ndarray] = {}
-
-    def __len__(self) -> int:
-        return len(self._steps)
 
     def __contains__(self, step: int) -> bool:
         return step in self._values
@@ -159,35 +156,6 @@ class SeriesHistory:
     def get(self, step: int) -> np.ndarray | None:
         """The value at ``step``, or None when it is not held."""
         return self._values.get(step)
-
-    def steps(self) -> list[int]:
-        """The steps held, in order."""
-        return list(self._steps)
-
-    def before(self, step: int, n: int) -> np.ndarray:
-        """The last ``n`` values held at steps before ``step``, ``stack``-ed (oldest first)."""
-        end = bisect_left(self._steps, step)
-        return stack(self._values[s] for s in self._steps[max(0, end - n):end])
-
-    def mean_std(self, step: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Per element, the mean and standard deviation of the last ``n`` values before ``step``
-        (see ``window_mean_std``)."""
-        return window_mean_std(self.before(step, n))
-
-    def median(self, step: int, n: int) -> np.ndarray:
-        """Per element, the median of the last ``n`` values before ``step``."""
-        return window_median(self.before(step, n))
-
-    def mad(self, step: int, n: int) -> np.ndarray:
-        """Per element, the MAD of the last ``n`` values before ``step``."""
-        return window_mad(self.before(step, n))
-
-    def forget_before(self, step: int) -> None:
-        """Drop the values at steps before ``step``."""
-        end = bisect_left(self._steps, step)
-        for old in self._steps[:end]:
-            del self._values[old]
-        del self._steps[:end]
 
 
 class EmaZScore:

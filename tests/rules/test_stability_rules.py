@@ -591,17 +591,17 @@ def test_loss_not_decreasing_noise_aware_ignores_batch_noise(tmp_path):
 
 
 # -- windows ---------------------------------------------------------------------------------------
-def test_series_history_statistics_of_the_window_before_a_step():
+def test_series_history_keeps_the_newest_values_and_window_statistics():
     history = SeriesHistory(keep=5)
     for step, value in [(0, 1.0), (2, 3.0), (1, 2.0), (3, 10.0), (4, np.nan), (5, 4.0)]:
         history.add(step, value)
-    assert history.steps() == [1, 2, 3, 4, 5] and 0 not in history
-    mean, std = history.mean_std(4, 3)  # steps 1, 2, 3
+    assert [s for s in range(6) if s in history] == [1, 2, 3, 4, 5] and history.get(0) is None
+    before_4 = stack([history.get(s) for s in (1, 2, 3)])
+    mean, std = window_mean_std(before_4)
     assert mean[0] == pytest.approx(5.0) and std[0] == pytest.approx(np.std([2, 3, 10], ddof=1))
-    assert history.median(6, 5)[0] == pytest.approx(3.5)  # NaN left out: 2, 3, 4, 10
-    assert history.mad(6, 5)[0] == pytest.approx(1.0)
-    history.forget_before(3)
-    assert history.steps() == [3, 4, 5]
+    before_6 = stack([history.get(s) for s in (1, 2, 3, 4, 5)])
+    assert window_median(before_6)[0] == pytest.approx(3.5)  # NaN left out: 2, 3, 4, 10
+    assert window_mad(before_6)[0] == pytest.approx(1.0)
     heads = stack([[1.0, 5.0], [2.0, np.inf], [3.0, 7.0]])
     assert np.allclose(window_median(heads), [2.0, 6.0])
     assert np.allclose(window_mad(heads), [1.0, 1.0])
