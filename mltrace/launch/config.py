@@ -22,7 +22,7 @@ from mltrace.capture.recorder_config import check_collections
 from mltrace.collections import CollectionKeys
 from mltrace.exceptions import MltraceValueError
 from mltrace.format.paths import END_OF_JOB_MARKER
-from mltrace.stability.signals import SIGNAL_COLLECTIONS, STABILITY
+from mltrace.stability.signals import COLLECTIONS as STABILITY_COLLECTIONS
 
 #: The resolved document, inline JSON, in the environment of the script and its children.
 RUN_CONFIG_ENV = "MLTRACE_RUN_CONFIG"
@@ -30,7 +30,7 @@ RUN_CONFIG_ENV = "MLTRACE_RUN_CONFIG"
 #: that the PyTorch hook creates when named); others need an include_regex.
 BUILTIN_COLLECTIONS = frozenset(
     v for k, v in vars(CollectionKeys).items() if not k.startswith("_") and isinstance(v, str)
-) | {STABILITY, *SIGNAL_COLLECTIONS}
+) | set(STABILITY_COLLECTIONS)
 
 
 def read_config_file(path: str | None) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from mltrace.pytorch.module_hooks import forward_hook
 from mltrace.pytorch.module_io import ModuleIO
 from mltrace.pytorch.saving import ShardedSaves
 from mltrace.pytorch.values import Reduced
+from mltrace.stability.signals import COLLECTIONS as STABILITY_COLLECTIONS
 from mltrace.stability.signals import STABILITY, collection_regexes, without_signals
 
 __all__ = ["STEP_BOUNDARIES", "Reduced", "TorchAdapter"]
@@ -69,7 +70,7 @@ class TorchAdapter(StepBoundary, ModuleIO, Gradients, ShardedSaves):
         When saved, smdebug's weights and biases regexes leave their tensors out."""
         assert self.hook is not None
         plan, manager = self.hook.plan, self.hook.collection_manager
-        plan.suggestions = frozenset(collection_regexes(""))  # for a misspelt name's warning
+        plan.suggestions = frozenset(STABILITY_COLLECTIONS)  # for a misspelt name's warning
         every = STABILITY in plan.include_collections or STABILITY in manager.collections
         named = [(name, regexes) for name, regexes in collection_regexes(DEFAULT_COLLECTIONS["losses"][0]).items()
                  if every or name in plan.include_collections or name in manager.collections]

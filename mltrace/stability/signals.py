@@ -67,6 +67,8 @@ PREFIXES: dict[str, str] = {
     OPTIMIZER_STATE: "optimizer_state/",
 }
 SIGNAL_COLLECTIONS = tuple(PREFIXES)
+#: Every collection of the set: the switch and its parts.
+COLLECTIONS = (STABILITY, *SIGNAL_COLLECTIONS)
 
 #: The quantities each collection records per subject (scalars unless said).
 QUANTITIES: dict[str, tuple[str, ...]] = {
@@ -154,7 +156,7 @@ def layer_of(subject: str) -> str | None:
 
 
 __all__ = [
-    "ACTIVATIONS", "ATTENTION", "EPS_DOMINANCE_FACTOR", "GRAD_NORMS", "LOGITS", "MEDIAN_SAMPLE",
+    "ACTIVATIONS", "ATTENTION", "COLLECTIONS", "EPS_DOMINANCE_FACTOR", "GRAD_NORMS", "LOGITS", "MEDIAN_SAMPLE",
     "OPTIMIZER_STATE", "PREFIXES", "QUANTITIES", "SIGNAL_COLLECTIONS", "STABILITY", "Signal", "UPDATES",
     "collection_regex", "collection_regexes", "layer_of", "parse_signal", "signal_name", "without_signals",
 ]
