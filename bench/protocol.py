@@ -112,6 +112,32 @@ def machine(extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
             "load_per_core": round(load_per_core(), 2), **(extra or {})}
 
 
+def step_groups(settings: list[str], long: Iterable[str], steps: int, long_steps: int, runs: int,
+                workdir: str, batches: Callable[[int], Any],
+                one_run: Callable[[str, Any, str], float]) -> dict[str, Measured]:
+    """The training-step benchmarks' two interleaved groups: the settings not in ``long`` over
+    ``batches(steps)``, then those in ``long``, with ``none`` again as their baseline (reported
+    as ``none_long``), over ``batches(long_steps)``. ``one_run(setting, batches, out_dir)``
+    times one run; each gets an out_dir of its own under ``workdir``."""
+    long = set(long)
+    counter = iter(range(1_000_000))
+
+    def run(setting: str, batches: Any) -> Callable[[], float]:
+        return lambda: one_run(setting, batches, os.path.join(workdir, f"{setting}_{next(counter)}"))
+
+    short = [s for s in settings if s not in long]
+    longer = [s for s in settings if s in long]
+    results: dict[str, Measured] = {}
+    if short:
+        some = batches(steps)
+        results.update(interleaved({s: run(s, some) for s in short}, runs))
+    if longer:
+        some = batches(long_steps)
+        group = interleaved({s: run(s, some) for s in ["none", *longer]}, runs)
+        results.update({("none_long" if s == "none" else s): m for s, m in group.items()})
+    return results
+
+
 def print_step_report(what: str, model: Any, config: Any, results: Mapping[str, Measured],
                       ratios: list[str], as_json: bool, extra: Mapping[str, Any] | None = None) -> None:
     """The end of a training-step benchmark: the machine and the model (``what``, its size from

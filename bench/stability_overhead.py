@@ -39,7 +39,6 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from typing import Any
 
 os.environ.setdefault("MLTRACE_LOG_LEVEL", "error")
@@ -217,29 +216,6 @@ def one_run(setting: str, batches: list[tuple[torch.Tensor, torch.Tensor]], out_
     return elapsed * 1000.0 / len(batches)
 
 
-def measure(settings: list[str], steps: int, long_steps: int, runs: int, workdir: str
-            ) -> dict[str, protocol.Measured]:
-    """Each setting's ms/step; the every-10-steps setting with the ``none`` baseline again, over
-    ``long_steps`` steps (its own interleaved group)."""
-    counter = iter(range(1_000_000))
-    config = spikebench_config()
-
-    def run(setting: str, batches: list) -> Callable[[], float]:
-        return lambda: one_run(setting, batches, os.path.join(workdir, f"{setting}_{next(counter)}"))
-
-    short = [s for s in settings if s not in LONG]
-    long = [s for s in settings if s in LONG]
-    results: dict[str, protocol.Measured] = {}
-    if short:
-        batches = make_batches(steps, config)
-        results.update(protocol.interleaved({s: run(s, batches) for s in short}, runs))
-    if long:
-        batches = make_batches(long_steps, config)
-        group = protocol.interleaved({s: run(s, batches) for s in ["none", *long]}, runs)
-        results.update({("none_long" if s == "none" else s): m for s, m in group.items()})
-    return results
-
-
 def report(results: dict[str, protocol.Measured]) -> list[str]:
     """The ratios the targets are stated in (see transformer_overhead.report)."""
     lines = []
@@ -282,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     protocol.warn_if_busy()
     workdir = tempfile.mkdtemp(prefix="mltrace-bench-stability-")
     try:
-        results = measure(settings, args.steps, args.long_steps, args.runs, workdir)
+        results = protocol.step_groups(settings, LONG, args.steps, args.long_steps, args.runs, workdir,
+                                       lambda n: make_batches(n, spikebench_config()), one_run)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     config = spikebench_config()

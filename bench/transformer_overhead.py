@@ -236,28 +236,6 @@ def one_run(setting: str, batches: list[tuple[torch.Tensor, torch.Tensor]], out_
     return elapsed * 1000.0 / len(batches)
 
 
-def measure(settings: list[str], steps: int, long_steps: int, runs: int, workdir: str
-            ) -> dict[str, protocol.Measured]:
-    """Each setting's ms/step; settings that save every 100 steps, with the ``none`` baseline
-    again, over ``long_steps`` steps (their own interleaved group)."""
-    counter = iter(range(1_000_000))
-
-    def run(setting: str, batches: list) -> Callable[[], float]:
-        return lambda: one_run(setting, batches, os.path.join(workdir, f"{setting}_{next(counter)}"))
-
-    short = [s for s in settings if s not in LONG]
-    long = [s for s in settings if s in LONG]
-    results: dict[str, protocol.Measured] = {}
-    if short:
-        batches = make_batches(steps)
-        results.update(protocol.interleaved({s: run(s, batches) for s in short}, runs))
-    if long:
-        batches = make_batches(long_steps)
-        group = protocol.interleaved({s: run(s, batches) for s in ["none", *long]}, runs)
-        results.update({("none_long" if s == "none" else s): m for s, m in group.items()})
-    return results
-
-
 def report(results: dict[str, protocol.Measured]) -> list[str]:
     """The ratios the targets are stated in: of the medians' added times, and paired (round k
     of one setting against round k of the other, each less round k of its baseline: a machine
@@ -314,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     protocol.warn_if_busy()
     workdir = tempfile.mkdtemp(prefix="mltrace-bench-transformer-")
     try:
-        results = measure(settings, args.steps, args.long_steps, args.runs, workdir)
+        results = protocol.step_groups(settings, LONG, args.steps, args.long_steps, args.runs, workdir,
+                                       make_batches, one_run)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     protocol.print_step_report("nanoGPT step", make_model(), GPTConfig(), results, report(results), args.json,
