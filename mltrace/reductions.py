@@ -52,6 +52,8 @@ _OPS: dict[str, Callable[[np.ndarray], np.generic]] = {
     "zero_fraction": lambda a: np.float64(np.count_nonzero(a == 0) / a.size),
 }
 REDUCTION_NAMES = tuple(_OPS)
+#: The reductions whose records are int64 (every other one is a float64).
+COUNT_REDUCTIONS = ("nan_count", "inf_count")
 _NORM_ALIASES = {"l1_norm": "l1", "l2_norm": "l2"}
 
 

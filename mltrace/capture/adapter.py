@@ -109,6 +109,13 @@ class Adapter:
         (mltrace.writer.histogram_bins' buckets); None if it has no finite value."""
         raise NotImplementedError(f"{type(self).__name__} bins no histogram on a device")
 
+    def reductions_to_host_flat(self, started: list[Any]) -> np.ndarray | None:
+        """The results of a step's :meth:`reduce_on_device` handles ``started`` as one float64
+        array, in their order, when the adapter has them in one go and every one has a value
+        (the writer then encodes them as one block); None otherwise, and by default: then
+        :meth:`reductions_to_host`."""
+        return None
+
     def reductions_to_host(self, started: list[Any]) -> list[list[np.ndarray | None]]:
         """The results of the :meth:`reduce_on_device` handles ``started``, in their order (as
         :meth:`reduce` returns them)."""

@@ -25,7 +25,7 @@ from mltrace.collections import (
 )
 from mltrace.exceptions import MltraceTypeError
 from mltrace.format import SCALAR_PREFIX
-from mltrace.reductions import reduction_tensor_name
+from mltrace.reductions import COUNT_REDUCTIONS, canonical_name, reduction_tensor_name
 from mltrace.storage.base import Storage
 from mltrace.writer import TrialWriter
 from mltrace.writer.failure_log import FailureLog
@@ -71,6 +71,11 @@ class Outputs:
         self._unsupported: set[str] = set()
         #: (tensor name, reduction items) -> the reductions' tensor names, made once per tensor
         self._reduction_names: dict[tuple[str, tuple[tuple[str, bool], ...]], list[str]] = {}
+        #: a step's reductions' record names and which are counts, per list of tensors and items
+        self._blocks: dict[tuple[tuple[str, tuple[tuple[str, bool], ...]], ...], tuple[list[str], list[bool]]] = {}
+        #: what_to_save of each list of due collections met this step (ids -> answer); cleared
+        #: each step, as a collection's configuration may change between steps
+        self._what: dict[tuple[int, ...], tuple[bool, bool, ReductionItems]] = {}
         self._collections_written = False
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -85,6 +90,7 @@ class Outputs:
     def begin_step(self, open_files: bool) -> None:
         """A new step; ``open_files`` if something may be written in it."""
         self.written.clear()
+        self._what.clear()
         if self.writer is not None and open_files:
             self._open_step()
 
@@ -223,7 +229,11 @@ class Outputs:
 
     def _write_parts(self, name: str, value: Any, array: np.ndarray | None,
                      colls: list[Collection], on_host: bool, to_sinks: bool = True) -> np.ndarray | None:
-        save_raw, save_shape, items = what_to_save(colls)
+        key = tuple(map(id, colls))
+        what = self._what.get(key)
+        if what is None:
+            what = self._what[key] = what_to_save(colls)
+        save_raw, save_shape, items = what
         self._open_step()
         assert self.writer is not None
         if (save_raw or save_shape) and array is None:
@@ -271,21 +281,46 @@ class Outputs:
 
     def _write_reductions(self) -> None:
         """Write the step's reductions, their results moved to the host together and encoded
-        together (one wall time for all)."""
+        together (one wall time for all; one block where the adapter hands them over as one
+        array: mltrace.format.scalar_block)."""
         if not self._reductions:
             return
         started, self._reductions = self._reductions, []
+        assert self.writer is not None
+        clock = self._clock
+        flat = self._adapter.reductions_to_host_flat([handle for _, _, handle in started])
+        if flat is not None:
+            tags, integer = self._block_names(started)
+            if len(tags) == len(flat):
+                self.writer.add_scalars(tags, integer, flat, clock.mode, clock.mode_step)
+                return
         results = self._adapter.reductions_to_host([handle for _, _, handle in started])
-        names = self._reduction_names
         records = []
         for (name, items, _), values in zip(started, results):
-            key = (name, tuple(items))
-            tags = names.get(key)
-            if tags is None:
-                tags = names[key] = [reduction_tensor_name(name, red, abs_) for red, abs_ in items]
+            tags = self._tags_of(name, items)
             records += [(tag, result) for tag, result in zip(tags, values) if result is not None]
-        assert self.writer is not None
-        self.writer.add_tensors(records, self._clock.mode, self._clock.mode_step)
+        self.writer.add_tensors(records, clock.mode, clock.mode_step)
+
+    def _tags_of(self, name: str, items: ReductionItems) -> list[str]:
+        """The record names of ``name``'s reductions ``items``."""
+        key = (name, tuple(items))
+        tags = self._reduction_names.get(key)
+        if tags is None:
+            tags = self._reduction_names[key] = [reduction_tensor_name(name, red, abs_) for red, abs_ in items]
+        return tags
+
+    def _block_names(self, started: list[tuple[str, ReductionItems, Any]]) -> tuple[list[str], list[bool]]:
+        """The record names of a step's reductions, in order, and which of them are counts
+        (int64 records); the same every step of a job, so kept per list of tensors and items."""
+        key = tuple((name, tuple(items)) for name, items, _ in started)
+        found = self._blocks.get(key)
+        if found is None:
+            if len(self._blocks) >= 16:
+                self._blocks.clear()
+            tags = [tag for name, items, _ in started for tag in self._tags_of(name, items)]
+            integer = [canonical_name(red) in COUNT_REDUCTIONS for _, items, _ in started for red, _ in items]
+            found = self._blocks[key] = (tags, integer)
+        return found
 
     def _write_record(self, name: str, array: np.ndarray, wall_time: float | None = None) -> None:
         assert self.writer is not None

@@ -6,6 +6,8 @@ constant keeps a CRC of data that itself holds CRCs from being trivially self-co
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import google_crc32c
 
 _MASK_DELTA = 0xA282EAD8
@@ -16,9 +18,11 @@ def crc32c(data: bytes | bytearray | memoryview) -> int:
     return google_crc32c.value(data if isinstance(data, bytes) else bytes(data))
 
 
-def crc32c_extend(crc: int, data: bytes) -> int:
-    """The CRC32C of what ``crc`` covered followed by ``data`` (a CRC over parts, no join)."""
-    return google_crc32c.extend(crc, data)
+#: The CRC32C of what a CRC covered followed by more bytes (a CRC over parts, no join):
+#: ``crc32c_extend(crc, data)``; the C function itself, no Python call around it (hot loops).
+crc32c_extend: Callable[[int, bytes], int] = google_crc32c.extend
+#: :func:`crc32c` of a ``bytes`` object (not a memoryview), the C function itself (hot loops).
+crc32c_bytes: Callable[[bytes], int] = google_crc32c.value
 
 
 def masked_crc32c(data: bytes | bytearray | memoryview) -> int:

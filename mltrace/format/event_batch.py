@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mltrace.format import events, tensors
-from mltrace.format.crc32c import crc32c, crc32c_extend
+from mltrace.format.crc32c import crc32c_bytes, crc32c_extend
 from mltrace.format.records import MAGIC_FOOTER, OVERHEAD_BYTES, record_header
 from mltrace.modes import ModeKeys
 
@@ -42,56 +42,64 @@ class EncodedRecords:
 
 
 class EventBatchEncoder:
-    """Encodes a step's records; keeps, per tensor (name, dtype, shape), the bytes of its
-    record between the enclosing messages' lengths and its values. One per writer: the cache
-    holds the tensors that writer saw (a model's are the same every step)."""
+    """Encodes a step's records; keeps, per tensor (name, dtype, shape) and length of the
+    metadata after its values, the bytes of its record between the Event's own fields (wall
+    time, step) and its values. One per writer: the cache holds the tensors that writer saw (a
+    model's are the same every step)."""
 
     def __init__(self) -> None:
-        self._heads: dict[tuple[str, np.dtype, tuple[int, ...]], bytes | None] = {}
+        self._tails: dict[tuple[str, np.dtype, tuple[int, ...], int], bytes | None] = {}
         self._metadata_of: tuple[ModeKeys, int] | None = None
         self._metadata = b""
+        self._fields_of: tuple[float, int] | None = None
+        self._fields = b""
 
     def encode(self, records: Iterable[tuple[str, np.ndarray]], step: int, mode: ModeKeys,
-               mode_step: int, wall_time: float) -> EncodedRecords:
+               mode_step: int, wall_time: float, out: EncodedRecords | None = None) -> EncodedRecords:
         """The framed records of ``records`` (name, value) in the step ``step`` of ``mode``,
-        all with ``wall_time``.
+        all with ``wall_time``, appended to ``out`` (a new EncodedRecords if None).
 
         Raises:
             MltraceTypeError: a value of a dtype the format cannot hold (as tensor_event_parts).
         """
-        out = EncodedRecords()
+        if out is None:
+            out = EncodedRecords()
         if self._metadata_of != (mode, mode_step):  # the same for every record of a step
             self._metadata_of = (mode, mode_step)
             self._metadata = events.metadata_field(mode, mode_step)
-        metadata = self._metadata
+        if self._fields_of != (wall_time, step):
+            self._fields_of = (wall_time, step)
+            self._fields = events.event_fields(wall_time, step)
+        metadata, fields = self._metadata, self._fields
         meta_length = len(metadata)
-        before: dict[int, bytes] = {}  # value length -> the event's bytes before its value
-        heads = self._heads
+        around = len(fields) + meta_length  # a payload's bytes besides its tail and values
+        tails = self._tails
+        parts, names, lengths, crcs = out.parts, out.names, out.lengths, out.crcs
         for name, array in records:
-            key = (name, array.dtype, array.shape)
-            if key not in heads:  # a tensor not seen before (None: not a template's)
-                heads[key] = _value_head(name, array)
-            head = heads[key]
-            if head is None:  # text, bfloat16 bits, big-endian: the general encoder
-                parts: tuple[bytes, ...] = events.tensor_event_parts(
-                    name, array, step, mode, mode_step, wall_time)
-                _append_parts(out, name, parts)
+            key = (name, array.dtype, array.shape, meta_length)
+            tail = tails.get(key, _UNSEEN)
+            if tail is _UNSEEN:  # a tensor not seen before (None: not a template's)
+                tail = tails[key] = _tail(name, array, meta_length)
+            if tail is None:  # text, bfloat16 bits, big-endian: the general encoder
+                _append_parts(out, name, events.tensor_event_parts(
+                    name, array, step, mode, mode_step, wall_time))
                 continue
             content = array.tobytes()
-            value_length = len(head) + len(content) + meta_length
-            prefix = before.get(value_length)
-            if prefix is None:
-                prefix = before[value_length] = events.heads_before_value(
-                    wall_time, step, value_length)
+            length = around + len(tail) + len(content)
             if len(content) <= JOIN_LIMIT:
-                payload = prefix + head + content + metadata
-                out.parts.append(record_header(len(payload)) + payload + MAGIC_FOOTER)
-                out.names.append(name)
-                out.lengths.append(len(payload) + OVERHEAD_BYTES)
-                out.crcs.append(crc32c(payload))
+                payload = b"".join((fields, tail, content, metadata))
+                parts.append(b"".join((record_header(length), payload, MAGIC_FOOTER)))
+                crcs.append(crc32c_bytes(payload))
             else:
-                _append_parts(out, name, (prefix + head, content, metadata))
+                first = fields + tail
+                parts += (record_header(length), first, content, metadata, MAGIC_FOOTER)
+                crcs.append(crc32c_extend(crc32c_extend(crc32c_bytes(first), content), metadata))
+            names.append(name)
+            lengths.append(length + OVERHEAD_BYTES)
         return out
+
+
+_UNSEEN = b"unseen"  # a sentinel no tail equals (a tail starts with the summary's key)
 
 
 def _append_parts(out: EncodedRecords, name: str, parts: tuple[bytes, ...]) -> None:
@@ -106,18 +114,20 @@ def _append_parts(out: EncodedRecords, name: str, parts: tuple[bytes, ...]) -> N
     out.crcs.append(crc)
 
 
-def _value_head(name: str, array: np.ndarray) -> bytes | None:
-    """The Summary.Value bytes of ``name`` before a numeric ``array``'s values (its tag, the
-    tensor's key and length, the tensor's dtype, shape and content key), or None for a value
-    the template does not cover: text, bfloat16 bits, a byte order other than little-endian,
-    an empty array (no content field)."""
+def _tail(name: str, array: np.ndarray, meta_length: int) -> bytes | None:
+    """The bytes of ``name``'s record between the Event's own fields and a numeric ``array``'s
+    values, when the metadata after them is ``meta_length`` bytes: the summary's key and length,
+    the value's key and length, its tag, the tensor's key and length, dtype, shape and content
+    key. None for a value the template does not cover: text, bfloat16 bits, a byte order other
+    than little-endian, an empty array (no content field)."""
     dtype = array.dtype
     if (dtype.kind not in "biufc" or isinstance(array, tensors.BFloat16Bits) or not array.size
             or dtype.byteorder == ">" or (dtype.byteorder == "=" and not _LITTLE)):
         return None
     tensor_head = tensors.numeric_tensor_head(
         name, tensors.dtype_code(array), array.shape, array.nbytes)
-    return events.value_head(name, tensor_head, array.nbytes)
+    head = events.value_head(name, tensor_head, array.nbytes)
+    return events.summary_head(len(head) + array.nbytes + meta_length) + head
 
 
 _LITTLE = np.dtype("=i4").str.startswith("<")

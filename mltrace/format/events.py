@@ -57,10 +57,10 @@ def _tag_field(tag: str) -> bytes:
 
 
 def _event(wall_time: float, step: int, summary: bytes) -> bytes:
-    return _event_fields(wall_time, step) + w.len_field(5, summary)
+    return event_fields(wall_time, step) + w.len_field(5, summary)
 
 
-def _event_fields(wall_time: float, step: int) -> bytes:
+def event_fields(wall_time: float, step: int) -> bytes:
     """An Event's fields before its summary: wall_time and step, each left out when zero."""
     head = w.double_field(1, wall_time) if wall_time else b""
     return head + w.varint_field(2, step) if step else head
@@ -68,11 +68,17 @@ def _event_fields(wall_time: float, step: int) -> bytes:
 
 def heads_before_value(wall_time: float, step: int, value_length: int) -> bytes:
     """An Event's bytes before the one Summary.Value of ``value_length`` bytes it holds: its
-    own fields, the summary's key and length, the value's key and length (lengths computed,
-    so the value is not copied into each enclosing message)."""
-    summary_head = _SUMMARY_VALUE_KEY + w.varint(value_length)
-    return (_event_fields(wall_time, step) + _EVENT_SUMMARY_KEY
-            + w.varint(len(summary_head) + value_length) + summary_head)
+    own fields, then :func:`summary_head`."""
+    return event_fields(wall_time, step) + summary_head(value_length)
+
+
+def summary_head(value_length: int) -> bytes:
+    """The bytes between an Event's own fields and its one Summary.Value of ``value_length``
+    bytes: the summary's key and length, the value's key and length (lengths computed, so the
+    value is not copied into each enclosing message). The same every step for a tensor."""
+    value_key_and_length = _SUMMARY_VALUE_KEY + w.varint(value_length)
+    return (_EVENT_SUMMARY_KEY + w.varint(len(value_key_and_length) + value_length)
+            + value_key_and_length)
 
 
 def encode_tensor_event(

@@ -17,7 +17,7 @@ import torch
 
 from mltrace.capture.adapter import ReductionItems
 from mltrace.exceptions import MltraceTypeError, MltraceValueError
-from mltrace.reductions import canonical_name
+from mltrace.reductions import COUNT_REDUCTIONS, canonical_name
 
 
 @dataclass(slots=True)
@@ -43,7 +43,7 @@ class DeviceReductions:
     def results(self, host: np.ndarray) -> list[np.ndarray | None]:
         """The results as ``torch_reductions`` returns them, from ``values`` copied to the host
         (counts as int64, the rest float64)."""
-        return [np.asarray(np.int64(h) if n in _COUNTS else h) for n, h in zip(self.names, host)]
+        return [np.asarray(np.int64(h) if n in COUNT_REDUCTIONS else h) for n, h in zip(self.names, host)]
 
 
 @dataclass(slots=True)
@@ -247,7 +247,6 @@ _PLANS: dict[tuple[tuple[str, bool], ...], Callable[[torch.Tensor], list[torch.T
 
 #: Above this many elements a median is computed on the host (torch.quantile refuses more).
 QUANTILE_LIMIT = 16_000_000
-_COUNTS = ("nan_count", "inf_count")
 
 
 def _torch_reduction(t: torch.Tensor, name: str, abs_: bool) -> torch.Tensor:

@@ -155,6 +155,14 @@ class TorchValues(RecordingAdapter):
             host.update({id(s): values[a:b] for s, a, b in zip(here, offsets, offsets[1:])})
         return [s.results(host[id(s)]) if isinstance(s, DeviceReductions) else s for s in started]
 
+    def reductions_to_host_flat(self, started: list[Any]) -> np.ndarray | None:
+        """A step's reductions, all waiting on one device, stacked and copied to the host
+        together as float64 (the values :meth:`reductions_to_host` gives, in one array)."""
+        values = _stacked_on_one_device(started)
+        if values is None:
+            return None
+        return self._to_host(values if values.dtype == torch.float64 else values.double())
+
     def step_copies(self, items: ReductionItems, ring_steps: int, max_bytes: int,
                     checked: bool) -> CopyRing | None:
         """A ring of copies (mltrace.pytorch.copy_ring) where reducing a tensor takes more than

@@ -44,8 +44,9 @@ import numpy as np
 
 from mltrace.exceptions import TrialWriteError
 from mltrace.format import paths
-from mltrace.format.event_batch import EventBatchEncoder
+from mltrace.format.event_batch import EncodedRecords, EventBatchEncoder
 from mltrace.format.index import IndexEntry, ShapeEntry, StepIndex, encode_index
+from mltrace.format.scalar_block import ScalarBlockEncoder
 from mltrace.modes import ModeKeys
 from mltrace.storage.base import Storage
 from mltrace.writer.byte_queue import ByteQueue
@@ -75,8 +76,20 @@ class _StepFile:
     def __init__(self, step: int, mode: ModeKeys, mode_step: int) -> None:
         self.step = step
         self.index = StepIndex(mode=mode, mode_step=mode_step, event_file_name=None)
-        self.parts: list[bytes] = []  # the events file's bytes, in order (see close_step)
-        self.size = 0
+        #: the events file's records (its bytes in ``parts``, in order; see close_step); their
+        #: index entries are made when the step closes
+        self.records = EncodedRecords()
+        #: the wall time of the step's records: when its first one was added
+        self.wall_time: float | None = None
+
+    def index_entries(self) -> list[IndexEntry]:
+        """The index entries of the records, in order (offsets from the file's start)."""
+        entries, offset = [], 0
+        records = self.records
+        for name, length, crc in zip(records.names, records.lengths, records.crcs):
+            entries.append(IndexEntry(name, offset, length, crc))
+            offset += length
+        return entries
 
 
 class TrialWriter:
@@ -101,6 +114,7 @@ class TrialWriter:
         self.worker = paths.check_worker_name(worker)
         self._step: _StepFile | None = None
         self._encoder = EventBatchEncoder()
+        self._scalars = ScalarBlockEncoder()
         self._queue: ByteQueue[object] = ByteQueue(max_pending_bytes)
         self._thread: threading.Thread | None = None
         #: files that could not be written (see mltrace.writer.failure_log).
@@ -139,22 +153,32 @@ class TrialWriter:
 
     def add_tensors(self, records: Iterable[tuple[str, np.ndarray]], mode: ModeKeys, mode_step: int,
                     wall_time: float | None = None) -> None:
-        """Append tensor records (name, value) to the open step, all with one wall time (now,
-        unless given): a step's reductions are encoded together (mltrace.format.event_batch)."""
+        """Append tensor records (name, value) to the open step. Their wall time is the step's
+        (when its first record was added) unless given: one Event prefix for all of a step's
+        records, built once (mltrace.format.event_batch)."""
         step = self._step
         assert step is not None, "open_step() first"
-        encoded = self._encoder.encode(records, step.step, mode, mode_step,
-                                       time.time() if wall_time is None else wall_time)
-        step.parts += encoded.parts
-        offset, entries = step.size, step.index.tensors
-        for name, length, crc in zip(encoded.names, encoded.lengths, encoded.crcs):
-            entries.append(IndexEntry(name, offset, length, crc))
-            offset += length
-        step.size = offset
+        if wall_time is None:
+            wall_time = step.wall_time
+            if wall_time is None:
+                wall_time = step.wall_time = time.time()
+        self._encoder.encode(records, step.step, mode, mode_step, wall_time, step.records)
+
+    def add_scalars(self, names: Sequence[str], integer: Sequence[bool], values: np.ndarray,
+                    mode: ModeKeys, mode_step: int) -> None:
+        """Append one-number records (the step's reductions: ``values`` as float64, an int64
+        where ``integer``) to the open step as one block (mltrace.format.scalar_block); the
+        same bytes as :meth:`add_tensors` of 0-d arrays."""
+        step = self._step
+        assert step is not None, "open_step() first"
+        if step.wall_time is None:
+            step.wall_time = time.time()
+        self._scalars.encode(names, integer, values, step.step, mode, mode_step, step.wall_time,
+                             step.records)
 
     def record_names(self) -> set[str]:
         """Names of the records in the open step so far."""
-        return {e.tensorname for e in self._step.index.tensors} if self._step is not None else set()
+        return set(self._step.records.names) if self._step is not None else set()
 
     def add_shape(self, name: str, shape: tuple[int, ...]) -> None:
         """Record a tensor's shape in the open step's index (no record is written)."""
@@ -164,14 +188,16 @@ class TrialWriter:
     def close_step(self) -> bool:
         """Hand the open step's files to the background writer; False if it held nothing."""
         step, self._step = self._step, None
-        if step is None or (not step.index.tensors and not step.index.shapes):
+        if step is None or (not step.records.names and not step.index.shapes):
             return False
         files: list[tuple[str, bytes | list[bytes] | None]] = []
-        if step.index.tensors:
+        if step.records.names:
             event_key = paths.event_file_key(step.step, self.worker)
             step.index.event_file_name = event_key
+            step.index.tensors = step.index_entries()
+            parts = step.records.parts
             # the values' second and last copy: into the writer process's pipe, or here
-            files.append((event_key, step.parts if self._piping else b"".join(step.parts)))
+            files.append((event_key, parts if self._piping else b"".join(parts)))
         files.append((paths.index_file_key(step.step, self.worker), encode_index(step.index)))
         self._submit(files, soon=not self.batch_steps)
         self.steps_written += 1
