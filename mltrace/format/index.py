@@ -19,10 +19,14 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from mltrace.exceptions import IndexReaderException
 from mltrace.format.records import OVERHEAD_BYTES
 from mltrace.modes import ModeKeys
+
+if TYPE_CHECKING:
+    from mltrace.format.event_batch import EncodedRecords
 
 
 @dataclass
@@ -55,20 +59,25 @@ class StepIndex:
     shapes: list[ShapeEntry] = field(default_factory=list)
 
 
-def encode_index(index: StepIndex) -> bytes:
+def encode_index(index: StepIndex, records: EncodedRecords | None = None) -> bytes:
     """Serialize ``index`` as smdebug's index JSON (plus the crc32c field of each entry): the
     bytes ``json.dumps`` gives for the dict, built from each name's cached JSON (a step's index is
-    encoded on the training thread, and the same names recur every step)."""
+    encoded on the training thread, and the same names recur every step). With ``records``
+    (the step's events file, in order) the entries are theirs, offsets counted from the file's
+    start, instead of ``index.tensors``: the same bytes, no IndexEntry made per record."""
     meta = f'{{"mode": "{index.mode.name}", "mode_step": {index.mode_step}'
     if index.event_file_name is not None:
         meta += f', "event_file_name": {json.dumps(index.event_file_name)}'
     entries = []
-    for e in index.tensors:
-        head = _entry_head(e.tensorname)
-        if e.crc32c is None:
-            entries.append(f'{head}{e.start_idx}, "length": {e.length}}}')
-        else:
-            entries.append(f'{head}{e.start_idx}, "length": {e.length}, "crc32c": {e.crc32c}}}')
+    if records is None:
+        for e in index.tensors:
+            tail = "}" if e.crc32c is None else f', "crc32c": {e.crc32c}}}'
+            entries.append(f'{_entry_head(e.tensorname)}{e.start_idx}, "length": {e.length}{tail}')
+    else:
+        offset = 0
+        for name, length, crc in zip(records.names, records.lengths, records.crcs):
+            entries.append(f'{_entry_head(name)}{offset}, "length": {length}, "crc32c": {crc}}}')
+            offset += length
     shapes = json.dumps([
         {"tensorname": s.tensorname, "originalname": s.originalname or s.tensorname, "shape": list(s.shape)}
         for s in index.shapes

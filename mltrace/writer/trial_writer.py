@@ -45,7 +45,7 @@ import numpy as np
 from mltrace.exceptions import TrialWriteError
 from mltrace.format import paths
 from mltrace.format.event_batch import EncodedRecords, EventBatchEncoder
-from mltrace.format.index import IndexEntry, ShapeEntry, StepIndex, encode_index
+from mltrace.format.index import ShapeEntry, StepIndex, encode_index
 from mltrace.format.scalar_block import ScalarBlockEncoder
 from mltrace.modes import ModeKeys
 from mltrace.storage.base import Storage
@@ -76,20 +76,11 @@ class _StepFile:
     def __init__(self, step: int, mode: ModeKeys, mode_step: int) -> None:
         self.step = step
         self.index = StepIndex(mode=mode, mode_step=mode_step, event_file_name=None)
-        #: the events file's records (its bytes in ``parts``, in order; see close_step); their
-        #: index entries are made when the step closes
+        #: the events file's records (its bytes in ``parts``, in order; see close_step), which
+        #: the index lists when the step closes
         self.records = EncodedRecords()
         #: the wall time of the step's records: when its first one was added
         self.wall_time: float | None = None
-
-    def index_entries(self) -> list[IndexEntry]:
-        """The index entries of the records, in order (offsets from the file's start)."""
-        entries, offset = [], 0
-        records = self.records
-        for name, length, crc in zip(records.names, records.lengths, records.crcs):
-            entries.append(IndexEntry(name, offset, length, crc))
-            offset += length
-        return entries
 
 
 class TrialWriter:
@@ -194,11 +185,10 @@ class TrialWriter:
         if step.records.names:
             event_key = paths.event_file_key(step.step, self.worker)
             step.index.event_file_name = event_key
-            step.index.tensors = step.index_entries()
             parts = step.records.parts
             # the values' second and last copy: into the writer process's pipe, or here
             files.append((event_key, parts if self._piping else b"".join(parts)))
-        files.append((paths.index_file_key(step.step, self.worker), encode_index(step.index)))
+        files.append((paths.index_file_key(step.step, self.worker), encode_index(step.index, step.records)))
         self._submit(files, soon=not self.batch_steps)
         self.steps_written += 1
         return True

@@ -43,6 +43,18 @@ def test_encode_index_is_byte_identical_to_smdebug():
     assert encode_index(make_index()) == expected.encode()
 
 
+def test_an_index_of_a_steps_records_is_that_of_their_entries():
+    """encode_index(index, records): the entries of the events file's records, offsets counted
+    from its start, the same bytes as the IndexEntry objects of those records."""
+    from mltrace.format.event_batch import EncodedRecords
+
+    records = EncodedRecords(parts=[], names=["a", "b/\u00e9", "c"], lengths=[30, 41, 16], crcs=[7, 0, 4294967295])
+    entries = [IndexEntry("a", 0, 30, 7), IndexEntry("b/\u00e9", 30, 41, 0), IndexEntry("c", 71, 16, 4294967295)]
+    from_records = encode_index(make_index(tensors=[]), records)
+    assert from_records == encode_index(make_index(tensors=entries))
+    assert decode_index(from_records, WHERE).tensors == entries
+
+
 def test_encode_index_uses_json_dumps_default_separators():
     data = encode_index(make_index())
     assert data == json.dumps(json.loads(data)).encode()
