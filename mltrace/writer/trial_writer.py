@@ -44,8 +44,8 @@ import numpy as np
 
 from mltrace.exceptions import TrialWriteError
 from mltrace.format import paths
-from mltrace.format.event_batch import EncodedRecords, EventBatchEncoder
-from mltrace.format.index import ShapeEntry, StepIndex, encode_index
+from mltrace.format.event_batch import EventBatchEncoder
+from mltrace.format.index import ShapeEntry
 from mltrace.format.scalar_block import ScalarBlockEncoder
 from mltrace.modes import ModeKeys
 from mltrace.storage.base import Storage
@@ -53,6 +53,7 @@ from mltrace.writer.byte_queue import ByteQueue
 from mltrace.writer.failure_log import FailureLog
 from mltrace.writer.process import WriterProcess, WriterProcessGone
 from mltrace.writer.spill import SpillDir, default_spill_root
+from mltrace.writer.step_records import StepRecords
 
 logger = logging.getLogger("mltrace.writer")  # the name users configure: the package's
 
@@ -68,19 +69,6 @@ _Group = TypeVar("_Group", bound=PartsGroup)
 DEFAULT_MAX_PENDING_BYTES = 256 << 20
 # _write_one's outcomes.
 _WRITTEN, _SPILL, _LOST = "written", "spill", "lost"
-
-
-class _StepFile:
-    """The records of one (global step, worker) being assembled in memory."""
-
-    def __init__(self, step: int, mode: ModeKeys, mode_step: int) -> None:
-        self.step = step
-        self.index = StepIndex(mode=mode, mode_step=mode_step, event_file_name=None)
-        #: the events file's records (its bytes in ``parts``, in order; see close_step), which
-        #: the index lists when the step closes
-        self.records = EncodedRecords()
-        #: the wall time of the step's records: when its first one was added
-        self.wall_time: float | None = None
 
 
 class TrialWriter:
@@ -103,7 +91,7 @@ class TrialWriter:
         self.storage = storage
         self.batch_steps = batch_steps
         self.worker = paths.check_worker_name(worker)
-        self._step: _StepFile | None = None
+        self._step: StepRecords | None = None
         self._encoder = EventBatchEncoder()
         self._scalars = ScalarBlockEncoder()
         self._queue: ByteQueue[object] = ByteQueue(max_pending_bytes)
@@ -130,7 +118,7 @@ class TrialWriter:
         """Start collecting the records of ``step``; closes the previous step if still open."""
         if self._step is not None:
             self.close_step()
-        self._step = _StepFile(step, mode, mode_step)
+        self._step = StepRecords(step, mode, mode_step)
 
     @property
     def step_open(self) -> bool:
@@ -144,28 +132,15 @@ class TrialWriter:
 
     def add_tensors(self, records: Iterable[tuple[str, np.ndarray]], mode: ModeKeys, mode_step: int,
                     wall_time: float | None = None) -> None:
-        """Append tensor records (name, value) to the open step. Their wall time is the step's
-        (when its first record was added) unless given: one Event prefix for all of a step's
-        records, built once (mltrace.format.event_batch)."""
-        step = self._step
-        assert step is not None, "open_step() first"
-        if wall_time is None:
-            wall_time = step.wall_time
-            if wall_time is None:
-                wall_time = step.wall_time = time.time()
-        self._encoder.encode(records, step.step, mode, mode_step, wall_time, step.records)
+        """Append tensor records (name, value) to the open step (see StepRecords.add_tensors)."""
+        assert self._step is not None, "open_step() first"
+        self._step.add_tensors(self._encoder, records, mode, mode_step, wall_time)
 
     def add_scalars(self, names: Sequence[str], integer: Sequence[bool], values: np.ndarray,
                     mode: ModeKeys, mode_step: int) -> None:
-        """Append one-number records (the step's reductions: ``values`` as float64, an int64
-        where ``integer``) to the open step as one block (mltrace.format.scalar_block); the
-        same bytes as :meth:`add_tensors` of 0-d arrays."""
-        step = self._step
-        assert step is not None, "open_step() first"
-        if step.wall_time is None:
-            step.wall_time = time.time()
-        self._scalars.encode(names, integer, values, step.step, mode, mode_step, step.wall_time,
-                             step.records)
+        """Append one-number records to the open step as one block (see StepRecords.add_scalars)."""
+        assert self._step is not None, "open_step() first"
+        self._step.add_scalars(self._scalars, names, integer, values, mode, mode_step)
 
     def record_names(self) -> set[str]:
         """Names of the records in the open step so far."""
@@ -179,17 +154,9 @@ class TrialWriter:
     def close_step(self) -> bool:
         """Hand the open step's files to the background writer; False if it held nothing."""
         step, self._step = self._step, None
-        if step is None or (not step.records.names and not step.index.shapes):
+        if step is None or step.empty:
             return False
-        files: list[tuple[str, bytes | list[bytes] | None]] = []
-        if step.records.names:
-            event_key = paths.event_file_key(step.step, self.worker)
-            step.index.event_file_name = event_key
-            parts = step.records.parts
-            # the values' second and last copy: into the writer process's pipe, or here
-            files.append((event_key, parts if self._piping else b"".join(parts)))
-        files.append((paths.index_file_key(step.step, self.worker), encode_index(step.index, step.records)))
-        self._submit(files, soon=not self.batch_steps)
+        self._submit(step.files(self.worker, joined=not self._piping), soon=not self.batch_steps)
         self.steps_written += 1
         return True
 
