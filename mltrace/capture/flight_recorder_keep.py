@@ -19,6 +19,7 @@ from mltrace.capture.flight_recorder_state import (
     SCALAR,
     SCALAR_ITEMS,
     UNKNOWN,
+    WHOLE,
     RecordedStep,
     RecordedTensor,
     RecorderState,
@@ -27,13 +28,15 @@ from mltrace.capture.recorder_config import check_collections, entry_bytes
 from mltrace.collections import SCALAR_COLLECTIONS, Collection, CollectionKeys
 from mltrace.exceptions import MltraceTypeError
 from mltrace.modes import ModeKeys
+from mltrace.stability.samples import SAMPLES
 
 
 class RecorderKeep(RecorderState):
     """The flight recorder's set-up of its collections and its per-step, per-tensor path."""
 
     def resolve(self, saved: Iterable[Collection], known: Mapping[str, Collection]) -> list[Collection]:
-        """The recorded collections: those named in the config, else the saved ones.
+        """The recorded collections: those named in the config, else the saved ones; and the
+        ``samples`` collection, if the hook has one and the config keeps samples.
 
         Raises:
             MltraceValueError: a named collection the hook does not have.
@@ -44,6 +47,9 @@ class RecorderKeep(RecorderState):
         else:
             check_collections(names, known)
             colls = [known[n] for n in names]
+        samples = known.get(SAMPLES)
+        if self.config.samples and samples is not None and samples not in colls:
+            colls.append(samples)
         self.collections = frozenset(colls)
         self._how.clear()
         return colls
@@ -59,6 +65,16 @@ class RecorderKeep(RecorderState):
     def records(self, colls: Iterable[Collection]) -> bool:
         """True if a tensor of ``colls`` is recorded this step."""
         return self.current is not None and any(c in self.collections for c in colls)
+
+    def keeps(self, name: str) -> bool:
+        """True if :meth:`keep` keeps something of the tensor ``name`` this step (a framework
+        that computes a tensor for the recorder alone asks first)."""
+        if self.current is None:
+            return False
+        how = self._how.get(name, UNKNOWN)
+        if how is UNKNOWN:
+            how = self._how[name] = self._kind(self.collections_of(name))[1]
+        return how is not None
 
     def observe(self, name: str, value: Any, colls: Iterable[Collection]) -> None:
         """:meth:`keep`, with ``name``'s collections given (the hook's saving path has them):
@@ -114,6 +130,11 @@ class RecorderKeep(RecorderState):
             if self.adapter.recordable(value):
                 self._observe_scalar(step, name, value, how is LOSS)
             return None
+        if how is WHOLE:
+            snapshot = self.adapter.snapshot(value)
+            step.whole.append((name, snapshot))
+            step.nbytes += entry_bytes(0) + self.adapter.nbytes(snapshot)
+            return None
         return how
 
     def _keep_reductions(self, step: RecordedStep, name: str, started: Any, raw: Any = None) -> None:
@@ -152,6 +173,8 @@ class RecorderKeep(RecorderState):
         recorded = [c for c in colls if c in self.collections]
         if not recorded:
             return colls, None
+        if any(c.name == SAMPLES for c in colls):  # kept whole, or (samples=False) not at all
+            return colls, WHOLE if self.config.samples else None
         if any(c.name == CollectionKeys.LOSSES for c in recorded):
             return colls, LOSS
         if any(c.name in SCALAR_COLLECTIONS for c in recorded):

@@ -30,8 +30,9 @@ CHECK_ITEMS = (("min", False), ("max", False))
 SCALAR_ITEMS: ReductionItems = [("mean", False)]
 _COUNTS = ("nan_count", "inf_count")
 #: how a recorded tensor is kept (see RecorderKeep._kind): its reductions alone, with a raw
-#: copy, as a scalar collection's value, as a loss (a scalar watched for spikes)
-PLAIN, RAW, SCALAR, LOSS = "plain", "raw", "scalar", "loss"
+#: copy, as a scalar collection's value, as a loss (a scalar watched for spikes), whole (a
+#: small tensor of the ``samples`` collection: its values alone, no reductions)
+PLAIN, RAW, SCALAR, LOSS, WHOLE = "plain", "raw", "scalar", "loss", "whole"
 UNKNOWN = "unknown"  # not looked up yet
 
 
@@ -68,6 +69,9 @@ class RecordedStep:
     excused: str | None = None
     #: the losses (watched for spikes) and their handles, read at the step's end
     losses: list[tuple[RecordedTensor, Any]] = field(default_factory=list)
+    #: tensors kept whole, (name, the adapter's snapshot), apart from the reductions: their
+    #: values are written as they are, and the non-finite check does not read them
+    whole: list[tuple[str, Any]] = field(default_factory=list)
     nbytes: int = 0
     flat: np.ndarray | None = None  # every reduction of the step, on the host, once moved
     saved: bool = False  # written by the hook itself (with these records): never by a dump
@@ -152,6 +156,7 @@ class RecorderState:
                 value = flat[tensor.offset + i]
                 out.append((reduction_tensor_name(tensor.name, red, abs_),
                             np.asarray(np.int64(value) if red in _COUNTS else np.float64(value))))
+        out.extend((name, self.adapter.to_numpy(snapshot)) for name, snapshot in step.whole)
         return out
 
 

@@ -57,6 +57,11 @@ class FlightRecorderConfig:
         loss_window: M, the steps of that median; the check starts once M losses were seen.
         on_exception: dump when an exception escapes the training script (sys.excepthook).
         max_dumps: dumps per run; later triggers are logged only (a NaN run would dump forever).
+        samples: also keep, whole, the ``samples`` collection's tensors of each recorded step
+            (each sample's loss and input fingerprint: batch-sized vectors, counted in the
+            budget; see mltrace.stability.samples), so a dump says which batch and which samples
+            broke training; whatever ``collections`` says. The PyTorch hook computes them once a
+            model and a loss are registered. False: none are kept.
     """
 
     steps: int = 50
@@ -70,6 +75,7 @@ class FlightRecorderConfig:
     loss_window: int = 50
     on_exception: bool = True
     max_dumps: int = 5
+    samples: bool = True
 
     def __post_init__(self) -> None:
         for name in ("steps", "after_steps", "loss_window", "max_dumps"):
@@ -147,7 +153,7 @@ def entry_bytes(reductions: int) -> int:
 
 
 _INT_FIELDS = ("steps", "after_steps", "memory_budget", "loss_window", "max_dumps")
-_FLAG_FIELDS = ("raw", "nonfinite", "on_exception")
+_FLAG_FIELDS = ("raw", "nonfinite", "on_exception", "samples")
 
 
 def _coerce(key: str, value: Any, where: str) -> Any:

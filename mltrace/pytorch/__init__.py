@@ -3,7 +3,10 @@
 Tensor names (as smdebug's PyTorch hook): parameters ``<RootClass>_<param path>`` (saved at the
 start of each step, before the update), gradients ``gradient/<RootClass>_<param path>``, module
 inputs/outputs ``<module path>_input_<i>`` / ``<module path>_output_<i>`` (the root module by its
-class name), losses ``<LossClass>_output_0``.
+class name), losses ``<LossClass>_output_0``; with the ``samples`` collection (saved by the
+``stability`` switch, kept by a flight recorder), each sample's loss ``samples/<LossClass>/loss``
+and input fingerprint ``samples/<RootClass>/fingerprint`` (:func:`fingerprint` computes the same
+digests of a batch, to find it in a data pipeline).
 
 Distributed jobs (torch.distributed, or Horovod): each process is ``worker_<rank>``. With
 ``include_workers="all"`` every worker writes its own files and the trial's ``num_workers`` is the
@@ -16,7 +19,8 @@ Modules: ``hook`` (the ``Hook`` front door), ``adapter`` (TorchAdapter: callback
 its parts ``boundary``, ``module_io``, ``gradients``, ``saving``, ``values``; ``module_hooks``
 keeps its callbacks out of a pickled model), ``compiled`` (staying out of
 torch.compile's way), ``sharded`` (DTensor gathers and reductions), ``optim`` (optimizer steps,
-GradScaler), ``reductions`` (on-device reductions).
+GradScaler), ``reductions`` (on-device reductions), ``samples`` (per-sample losses and
+fingerprints).
 
 Example:
     >>> import mltrace.pytorch as smd
@@ -36,10 +40,11 @@ from mltrace.pytorch.collection import DEFAULT_INCLUDE_COLLECTIONS as DEFAULT_IN
 from mltrace.pytorch.collection import Collection
 from mltrace.pytorch.hook import Hook, TornasoleHook, add_to_collection, get_collection, get_hook
 from mltrace.pytorch.reductions import torch_reductions
+from mltrace.pytorch.samples import fingerprint
 from mltrace.trials import create_trial
 
 __all__ = [
     "Hook", "TornasoleHook", "Collection", "FlightRecorderConfig", "SaveConfig", "SaveConfigMode", "ReductionConfig", "modes",
     "get_collection", "add_to_collection", "get_hook", "set_hook", "del_hook", "create_trial",
-    "CollectionKeys", "TorchAdapter", "torch_reductions", "GRADIENT_PREFIX",
+    "CollectionKeys", "TorchAdapter", "torch_reductions", "GRADIENT_PREFIX", "fingerprint",
 ]

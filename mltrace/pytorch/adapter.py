@@ -4,7 +4,7 @@ copies and on-device reductions of torch tensors (see mltrace.capture.adapter fo
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -22,8 +22,12 @@ from mltrace.pytorch.module_hooks import forward_hook
 from mltrace.pytorch.module_io import ModuleIO
 from mltrace.pytorch.saving import ShardedSaves
 from mltrace.pytorch.values import Reduced
+from mltrace.stability.samples import SAMPLES
 from mltrace.stability.signals import COLLECTIONS as STABILITY_COLLECTIONS
 from mltrace.stability.signals import STABILITY, collection_regexes, without_signals
+
+if TYPE_CHECKING:
+    from mltrace.capture.hook import Hook
 
 __all__ = ["STEP_BOUNDARIES", "Reduced", "TorchAdapter"]
 
@@ -34,6 +38,12 @@ class TorchAdapter(StepBoundary, ModuleIO, Gradients, ShardedSaves):
     written onto the user's modules. Its parts: StepBoundary (mltrace.pytorch.boundary),
     ModuleIO (module_io), Gradients (gradients), ShardedSaves (saving), over
     TorchAdapterState (adapter_state) and TorchValues (values)."""
+
+    def attach(self, hook: Hook) -> None:
+        """Bind to ``hook``, and the samples' probe with it (it watches models as they are
+        registered, before the first step)."""
+        super().attach(hook)
+        self.samples.attach(hook)
 
     def worker_identity(self) -> tuple[str, int]:
         """``worker_<rank>`` and the world size, asked when the first step starts, from (as
@@ -65,22 +75,26 @@ class TorchAdapter(StepBoundary, ModuleIO, Gradients, ShardedSaves):
 
     def _stability_collections(self) -> None:
         """The stability collections exist once named (include_collections, a JSON
-        configuration, ``hook.get_collection``; ``stability`` brings every signal collection),
-        so a trial that does not save them lists none.
+        configuration, ``hook.get_collection``; ``stability`` brings every signal collection and
+        ``samples``), so a trial that does not save them lists none; ``samples`` also exists for
+        a flight recorder that keeps samples, once a model and a loss are registered.
         When saved, smdebug's weights and biases regexes leave their tensors out."""
         assert self.hook is not None
-        plan, manager = self.hook.plan, self.hook.collection_manager
+        plan, manager, recorder = self.hook.plan, self.hook.collection_manager, self.hook.recorder
         plan.suggestions = frozenset(STABILITY_COLLECTIONS)  # for a misspelt name's warning
         every = STABILITY in plan.include_collections or STABILITY in manager.collections
+        recorded = (recorder is not None and recorder.config.samples and bool(self.modules)
+                    and bool(self.samples.losses))
         named = [(name, regexes) for name, regexes in collection_regexes(DEFAULT_COLLECTIONS["losses"][0]).items()
-                 if every or name in plan.include_collections or name in manager.collections]
+                 if every or name in plan.include_collections or name in manager.collections
+                 or (recorded and name == SAMPLES)]
         for name, regexes in named:
             coll = self.hook.get_collection(name)
             coll.include(regexes)
             if coll.reduction_config is None:  # small values: saved whole, whatever the hook's
                 coll.reduction_config = ReductionConfig(save_raw_tensor=True)
             coll.save_histogram = False
-        if any(name in plan.include_collections for name, _ in named):
+        if recorded or any(name in plan.include_collections for name, _ in named):
             for key in (CollectionKeys.WEIGHTS, CollectionKeys.BIASES):
                 coll = manager.collections.get(key)
                 if coll is not None:
@@ -105,6 +119,10 @@ class TorchAdapter(StepBoundary, ModuleIO, Gradients, ShardedSaves):
         self.stability.attach(self.hook)
         self.stability.prepared([(self.names[id(m)], m) for m in self.modules],
                                 everything=STABILITY in saved, named=saved)
+        recorder = self.hook.recorder
+        self.samples.prepared(bool({STABILITY, SAMPLES} & saved) or (
+            recorder is not None and recorder.config.samples
+            and any(c.name == SAMPLES for c in recorder.collections)))
 
     def register_module(self, module: torch.nn.Module, root: str | None = None) -> None:
         """Attach to a model: step boundaries, parameters, gradients, module I/O. ``module`` may
@@ -128,6 +146,7 @@ class TorchAdapter(StepBoundary, ModuleIO, Gradients, ShardedSaves):
         if self.step_boundary != "forward":
             self.optimizer_steps.install()
         self._attach_boundary(module, inner)
+        self.samples.add_model(root, inner)  # the first model's input (after the boundary)
         self._install_tensor_hooks(inner, module)
         assert self.hook is not None
         if self.hook.plan.prepared:
@@ -139,13 +158,15 @@ class TorchAdapter(StepBoundary, ModuleIO, Gradients, ShardedSaves):
                                    + [(f"{GRADIENT_PREFIX}{root}_{n}", b) for n, b in sizes], self)
 
     def register_loss(self, loss_module: torch.nn.Module) -> None:
-        """Save the output of a loss module as ``<LossClass>_output_0``."""
+        """Save the output of a loss module as ``<LossClass>_output_0`` (and its per-sample
+        losses, when the ``samples`` collection is wanted)."""
         if not isinstance(loss_module, torch.nn.Module):
             raise MltraceTypeError(f"register_loss needs a loss module, got {type(loss_module).__name__}")
         inner = unwrap(loss_module)
         name = class_name(inner)
         self._name(inner, name)
         forward_hook(inner, self._io_hook(name))
+        self.samples.add_loss(name, inner)
 
     def _name(self, module: torch.nn.Module, name: str) -> None:
         if id(module) not in self.names:
@@ -167,6 +188,7 @@ class TorchAdapter(StepBoundary, ModuleIO, Gradients, ShardedSaves):
         self._keep = only.recorder.keep if only is not None else None
         self._gradient_hooks(self.hook.step_active)
         self.stability.begin_step(self.hook.step_active)
+        self.samples.begin_step(self.hook.step_active)
 
     def on_step_end(self) -> None:
         """Save module outputs recorded in a compiled region not yet drained (a compiled loss),
@@ -176,18 +198,21 @@ class TorchAdapter(StepBoundary, ModuleIO, Gradients, ShardedSaves):
         if self._sharded_saves:
             self._save_sharded_reductions()
         self.stability.end_step()
+        self.samples.end_step()
 
     def on_finish(self) -> None:
         """The last step's reductions of sharded tensors and stability signals, before the
         hook writes it."""
         self._save_sharded_reductions()
         self.stability.finish()
+        self.samples.end_step()
 
     def on_closed(self) -> None:
         """Take the hook's callbacks out of torch.optim and the GradScaler. A rank that writes
         nothing still takes part in combining the last sharded reductions (see on_finish)."""
         self._save_sharded_reductions()
         self.stability.remove()
+        self.samples.remove()
         self.optimizer_steps.remove()
         if self.scaler is not None:
             self.scaler.remove()

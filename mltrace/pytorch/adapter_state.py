@@ -13,6 +13,7 @@ from mltrace.pytorch.compiled import TracedIO
 from mltrace.pytorch.optim import OptimizerSteps, ScalerWatch
 from mltrace.pytorch.sharded import ReductionBatch
 from mltrace.pytorch.stability.probe import StabilityProbe
+from mltrace.pytorch.stability.sample_probe import SampleProbe
 from mltrace.pytorch.values import TorchValues
 
 if TYPE_CHECKING:
@@ -74,6 +75,8 @@ class TorchAdapterState(TorchValues):
         self._sharded_saves: list[tuple[str, tuple[int, ...], ReductionItems]] = []
         #: The transformer-stability signals (mltrace.pytorch.stability), when saved
         self.stability = StabilityProbe(self.names, self.warn_once)
+        #: Per-sample losses and input fingerprints (the ``samples`` collection), when wanted
+        self.samples = SampleProbe(self.warn_once)
 
     if TYPE_CHECKING:  # implemented by the parts; declared here for the parts that call them
         def save(self, name: str, value: Any) -> None: ...

@@ -96,18 +96,20 @@ def _reducer(module: torch.nn.Module) -> _ReduceWithoutMltrace:
     return reducer
 
 
-def forward_hook(module: torch.nn.Module, fn: Callable[..., Any],
-                 prepend: bool = False) -> RemovableHandle:
-    """``module.register_forward_hook(fn)``, left out when the module is pickled or copied."""
-    handle = module.register_forward_hook(fn, prepend=prepend)
+def forward_hook(module: torch.nn.Module, fn: Callable[..., Any], prepend: bool = False,
+                 with_kwargs: bool = False) -> RemovableHandle:
+    """``module.register_forward_hook(fn)``, left out when the module is pickled or copied
+    (``with_kwargs``: ``fn(module, args, kwargs, output)``)."""
+    handle = module.register_forward_hook(fn, prepend=prepend, with_kwargs=with_kwargs)
     _remember(module, handle)
     return handle
 
 
-def forward_pre_hook(module: torch.nn.Module, fn: Callable[..., Any],
-                     prepend: bool = False) -> RemovableHandle:
-    """``module.register_forward_pre_hook(fn)``, left out when the module is pickled or copied."""
-    handle = module.register_forward_pre_hook(fn, prepend=prepend)
+def forward_pre_hook(module: torch.nn.Module, fn: Callable[..., Any], prepend: bool = False,
+                     with_kwargs: bool = False) -> RemovableHandle:
+    """``module.register_forward_pre_hook(fn)``, left out when the module is pickled or copied
+    (``with_kwargs``: ``fn(module, args, kwargs)``)."""
+    handle = module.register_forward_pre_hook(fn, prepend=prepend, with_kwargs=with_kwargs)
     _remember(module, handle)
     return handle
 

@@ -37,6 +37,10 @@ model's root name (its class, as for weights: ``GPT``), ``<param>`` the paramete
 (``blocks.0.attn.c_attn.weight``), so ``grad_norm/GPT_blocks.0.attn.c_attn.weight`` sits beside
 the gradient ``gradient/GPT_blocks.0.attn.c_attn.weight``.
 
+The switch also saves the ``samples`` collection: each sample's loss and a fingerprint of
+each sample's input (mltrace.stability.samples), to say which batch and which samples a spike
+came from.
+
 This module is framework-neutral: the PyTorch hook computes the signals
 (mltrace.pytorch.stability), the rules read them (mltrace.rules.builtin.stability).
 """
@@ -46,7 +50,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-#: The collection that saves every signal below, and the losses (the one switch:
+from mltrace.stability.samples import PREFIX as SAMPLES_PREFIX
+from mltrace.stability.samples import SAMPLES
+from mltrace.stability.samples import collection_regex as samples_regex
+
+#: The collection that saves every signal below, the losses and the samples (the one switch:
 #: ``include_collections=["stability"]``, in JSON ``{"CollectionName": "stability"}``).
 STABILITY = "stability"
 
@@ -67,8 +75,8 @@ PREFIXES: dict[str, str] = {
     OPTIMIZER_STATE: "optimizer_state/",
 }
 SIGNAL_COLLECTIONS = tuple(PREFIXES)
-#: Every collection of the set: the switch and its parts.
-COLLECTIONS = (STABILITY, *SIGNAL_COLLECTIONS)
+#: Every collection of the set: the switch, its signals and the samples.
+COLLECTIONS = (STABILITY, *SIGNAL_COLLECTIONS, SAMPLES)
 
 #: The quantities each collection records per subject (scalars unless said).
 QUANTITIES: dict[str, tuple[str, ...]] = {
@@ -95,21 +103,23 @@ def collection_regex(collection: str) -> str:
 
 
 def collection_regexes(loss_regex: str) -> dict[str, list[str]]:
-    """Every collection of the set, {name: include regexes}: one per signal collection, and
-    ``stability`` for all of them with the losses (``loss_regex``: the framework's)."""
+    """Every collection of the set, {name: include regexes}: one per signal collection, the
+    samples', and ``stability`` for all of them with the losses (``loss_regex``: the
+    framework's)."""
     regexes = {c: [collection_regex(c)] for c in SIGNAL_COLLECTIONS}
-    regexes[STABILITY] = [collection_regex(c) for c in SIGNAL_COLLECTIONS] + [loss_regex]
+    regexes[SAMPLES] = [samples_regex()]
+    regexes[STABILITY] = [collection_regex(c) for c in SIGNAL_COLLECTIONS] + [samples_regex(), loss_regex]
     return regexes
 
 
 def without_signals(regex: str) -> str:
-    """smdebug's parameter regexes (``^(?!gradient).*weight``) with the signal prefixes excluded
-    as ``gradient`` is: ``grad_norm/GPT_fc.weight`` is no weight. Other regexes are returned as
-    they are."""
+    """smdebug's parameter regexes (``^(?!gradient).*weight``) with the signal and samples
+    prefixes excluded as ``gradient`` is: ``grad_norm/GPT_fc.weight`` is no weight. Other
+    regexes are returned as they are."""
     head = "^(?!gradient)"
     if not regex.startswith(head):
         return regex
-    others = "|".join(re.escape(PREFIXES[c]) for c in SIGNAL_COLLECTIONS)
+    others = "|".join(re.escape(p) for p in (*PREFIXES.values(), SAMPLES_PREFIX))
     return f"^(?!gradient|{others})" + regex[len(head):]
 
 

@@ -95,6 +95,55 @@ def test_raw_copies_are_kept_within_the_budget_and_the_oldest_dropped(tmp_path):
     assert np.isfinite(trial.tensor("fc1_output_0").value(30)).all()
 
 
+def _inputs(steps: int) -> list[torch.Tensor]:
+    """The model's input at each step of tests.support.flight_training.train (its data stream)."""
+    data, xs = torch.Generator().manual_seed(1), []
+    for _ in range(steps):
+        xs.append(torch.randn(32, 8, generator=data))
+        torch.randn(32, 1, generator=data)  # the targets
+    return xs
+
+
+SAMPLE_TENSORS = ["samples/MSELoss/loss", "samples/Net/fingerprint"]
+
+
+def test_a_dump_holds_the_per_sample_losses_and_fingerprints_of_every_kept_step(tmp_path):
+    """By default (model and loss registered) the recorder keeps the ``samples`` collection
+    whole: a NaN's dump says which batch each step trained on and each sample's loss."""
+    out = str(tmp_path / "run")
+    run = train(out, steps=40, poison_step=30)
+    trial, xs = create_trial(out), _inputs(40)
+    assert trial.tensor_names(collection="samples") == SAMPLE_TENSORS
+    for step in range(10, 36):
+        losses = trial.tensor("samples/MSELoss/loss").value(step)
+        assert losses.dtype == np.float32 and losses.shape == (32,)
+        fingerprints = trial.tensor("samples/Net/fingerprint").value(step)
+        np.testing.assert_array_equal(fingerprints, smd.fingerprint(xs[step]))
+        if step == 30:  # the poisoned step: every sample's loss is NaN, as the loss is
+            assert np.isnan(losses).all()
+        else:
+            assert np.mean(losses, dtype=np.float64) == pytest.approx(run.losses[step], rel=1e-5)
+    assert trial.tensor("samples/Net/fingerprint").steps() == [0] + list(range(10, 36))
+
+
+def test_samples_false_keeps_none_and_the_budget_counts_them(tmp_path):
+    def config(samples: bool) -> FlightRecorderConfig:
+        return FlightRecorderConfig(steps=20, after_steps=5, collections=["gradients", "losses"],
+                                    reductions=list(FIVE_REDUCTIONS), samples=samples)
+
+    without = train(str(tmp_path / "without"), steps=40, poison_step=30, recorder=config(False))
+    with_samples = train(str(tmp_path / "with"), steps=40, poison_step=30, recorder=config(True))
+    trial = create_trial(str(tmp_path / "without"))
+    assert trial.steps() == [0] + list(range(10, 36))
+    assert not [n for n in trial.tensor_names() if n.startswith("samples/")]
+    assert "samples" not in trial.collections()
+    assert create_trial(str(tmp_path / "with")).tensor_names(collection="samples") == SAMPLE_TENSORS
+    # 20 kept steps, each with 32 fingerprints (8 bytes), 32 losses (4) and two entries (64)
+    assert with_samples.max_ring_bytes - without.max_ring_bytes == 20 * (32 * 8 + 32 * 4 + 2 * 64)
+    parsed = parse_hook_config({"LocalPath": str(tmp_path / "json"), "FlightRecorder": {"samples": "false"}})
+    assert parsed.hook_kwargs["flight_recorder"].samples is False
+
+
 def test_a_loss_spike_dumps(tmp_path):
     config = FlightRecorderConfig(steps=10, after_steps=2, collections=["losses", "gradients"],
                                   loss_spike=10.0, loss_window=20)

@@ -3,8 +3,9 @@
 mltrace's PyTorch hook trains TinyGPT (tests/support/stability_models.py) three TRAIN steps and
 one EVAL step with ``include_collections=["stability", "weights"]``; smdebug's ``create_trial``
 must list the signal collections and their tensors, read every value at every step exactly as
-mltrace's reader does (one value per attention head, scalars as scalars), and keep the signal
-tensors out of its own built-in collections: smdebug matches a collection's include_regex
+mltrace's reader does (one value per attention head, scalars as scalars; the ``samples``
+collection's per-sample losses as float32 and fingerprints as int64 vectors), and keep the
+signal tensors out of its own built-in collections: smdebug matches a collection's include_regex
 against every tensor name, and its weights regex ``^(?!gradient).*weight`` would take
 ``grad_norm/TinyGPT_head.weight`` for a weight if the regex written to the trial let it.
 """
@@ -18,12 +19,16 @@ from smdebug.core.modes import ModeKeys as SmdModeKeys
 from smdebug.trials import create_trial as smd_create_trial
 
 import mltrace.pytorch as mlsmd
+from mltrace.stability.samples import SAMPLES, fingerprint_name, loss_name
 from mltrace.stability.signals import PREFIXES, SIGNAL_COLLECTIONS, STABILITY, parse_signal
 from mltrace.trials import create_trial as ml_create_trial
 from tests.support.stability_models import HEADS, TinyGPT, TokenLoss, batches
 
 TRAIN_STEPS = 3
 ATTENTION = sorted(f"attention/blocks.{i}.attn/{q}" for i in (0, 1) for q in ("max_logit", "entropy"))
+#: the samples collection's tensors: each sample's loss and its input's fingerprint
+SAMPLE_TENSORS = sorted([loss_name("TokenLoss"), fingerprint_name("TinyGPT")])
+BATCH = 3  # tests.support.stability_models.batches' batch
 #: smdebug's built-in collections a signal's name could fall into by its regexes.
 BUILTIN = ("weights", "biases", "gradients", "losses", "inputs", "outputs")
 
@@ -54,6 +59,12 @@ def out_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
+def inputs() -> list[torch.Tensor]:
+    """The model's input at each step: three TRAIN steps, then the EVAL one."""
+    return [x for x, _ in batches(TRAIN_STEPS + 1)]
+
+
+@pytest.fixture(scope="module")
 def trials(out_dir):
     return smd_create_trial(out_dir), ml_create_trial(out_dir)
 
@@ -73,7 +84,8 @@ def test_smdebug_lists_the_stability_collections_and_their_tensors(trials):
         if collection != STABILITY:
             assert all(n.startswith(PREFIXES[collection]) for n in names), collection
     every = _signals(st.tensor_names())
-    assert set(every) | {"TokenLoss_output_0"} == set(st.tensor_names(collection=STABILITY))
+    assert st.tensor_names(collection=SAMPLES) == mt.tensor_names(collection=SAMPLES) == SAMPLE_TENSORS
+    assert set(every) | {"TokenLoss_output_0", *SAMPLE_TENSORS} == set(st.tensor_names(collection=STABILITY))
 
 
 def test_smdebug_reads_every_signal_value_as_mltrace_does(trials):
@@ -95,6 +107,29 @@ def test_smdebug_reads_every_signal_value_as_mltrace_does(trials):
     assert st.tensor("grad_norm/TinyGPT").value(0, mode=SmdModeKeys.TRAIN).shape == ()
 
 
+def test_smdebug_reads_the_per_sample_losses_and_fingerprints(trials, inputs):
+    """float32 and int64 vectors of one value per sample, at every TRAIN and EVAL step, as
+    mltrace reads them; the fingerprints are mltrace.pytorch.fingerprint of each step's batch."""
+    st, mt = trials
+    steps = {"TRAIN": list(range(TRAIN_STEPS)), "EVAL": [0]}
+    for name, dtype in ((loss_name("TokenLoss"), np.float32), (fingerprint_name("TinyGPT"), np.int64)):
+        for mode, mode_steps in steps.items():
+            assert st.tensor(name).steps(mode=SmdModeKeys[mode]) == mode_steps, (name, mode)
+            for step in mode_steps:
+                got = st.tensor(name).value(step, mode=SmdModeKeys[mode])
+                want = mt.tensor(name).value(step, mode=mode)
+                assert got.dtype == want.dtype == dtype and got.shape == want.shape == (BATCH,), name
+                np.testing.assert_array_equal(got, want, err_msg=f"{name} {mode} {step}")
+    for i, step in enumerate(steps["TRAIN"]):
+        got = st.tensor(fingerprint_name("TinyGPT")).value(step, mode=SmdModeKeys.TRAIN)
+        np.testing.assert_array_equal(got, mlsmd.fingerprint(inputs[i]))
+    got = st.tensor(fingerprint_name("TinyGPT")).value(0, mode=SmdModeKeys.EVAL)
+    np.testing.assert_array_equal(got, mlsmd.fingerprint(inputs[-1]))
+    loss = st.tensor(loss_name("TokenLoss")).value(1, mode=SmdModeKeys.TRAIN)
+    assert np.mean(loss, dtype=np.float64) == pytest.approx(
+        float(st.tensor("TokenLoss_output_0").value(1, mode=SmdModeKeys.TRAIN)), rel=1e-5)
+
+
 def test_signals_follow_the_modes_smdebug_reads(trials):
     """Forward signals exist in EVAL too; the optimizer's only where it stepped (TRAIN)."""
     st, _ = trials
@@ -112,3 +147,4 @@ def test_smdebugs_builtin_collections_hold_no_signal(trials):
     assert "TinyGPT_head.weight" in weights and all(n.startswith("TinyGPT_") for n in weights)
     for collection in BUILTIN:
         assert not _signals(st.tensor_names(collection=collection)), collection
+        assert not set(SAMPLE_TENSORS) & set(st.tensor_names(collection=collection)), collection
