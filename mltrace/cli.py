@@ -1,12 +1,14 @@
 """The ``mltrace`` command. Subcommands import what they need lazily.
 
-Built in: ``info``, ``dump``, ``upload-spill`` and ``run`` (mltrace.launch). Other packages add
-subcommands through the ``mltrace.commands`` entry-point group (``mltrace.plugins.commands``):
-the MLflow side adds ``compare``, the TensorBoard plugin ``tensorboard``, mltrace.watch ``watch``:
+Built in: ``info``, ``dump``, ``upload-spill``, ``run`` (mltrace.launch) and ``mcp``
+(mltrace.mcp). Other packages add subcommands through the ``mltrace.commands`` entry-point
+group (``mltrace.plugins.commands``): the MLflow side adds ``compare``, the TensorBoard plugin
+``tensorboard``, mltrace.watch ``watch``:
 
     mltrace info TRIAL_DIR [--wait SECONDS]   collections, tensors and steps of a trial
     mltrace dump OUT_DIR [--reason TEXT]   ask the running job's hooks to dump their flight recorder
     mltrace run [--config FILE] [hook options] SCRIPT|-m MODULE [ARGS]   a script with a hook attached
+    mltrace mcp [--root DIR_OR_S3]   an MCP server (stdio) through which AI agents read the trials
     mltrace compare [EXPERIMENT ...] [--filter F] [--tensor T] [--stat S]   MLflow runs side by side
     mltrace tensorboard DIR_OR_S3 [TENSORBOARD_ARGS]   TensorBoard with the mltrace tab on the trials
     mltrace watch LOCATION --rules RULES.json [--ray-address ADDR]   rules on every trial as it trains
@@ -166,9 +168,14 @@ def build_parser() -> argparse.ArgumentParser:
                            help="upload files a run kept on local disk while S3 was down")
     spill.add_argument("folder", help="the spill folder named in the run's log")
     spill.set_defaults(run=_upload_spill)
+    from mltrace.diagnosis.command import add_command as add_diagnose  # mltrace diagnose
     from mltrace.launch.command import add_command as add_run  # mltrace run (zero script change)
 
     add_run(sub)
+    add_diagnose(sub)
+    from mltrace.mcp.command import add_command as add_mcp  # mltrace mcp (agents read trials)
+
+    add_mcp(sub)
     for name, add_command in sorted(plugins.commands.items().items()):
         try:
             add_command(sub)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mltrace.collections import Collection
 from mltrace.exceptions import MltraceTypeError, TensorUnavailable
@@ -38,6 +38,9 @@ from mltrace.trials.refresh import (
 from mltrace.trials.steps import StepQueries
 from mltrace.trials.steps import StepState as StepState
 from mltrace.trials.tensor import Tensor
+
+if TYPE_CHECKING:
+    from mltrace.diagnosis import Diagnosis
 
 
 class Trial(StepQueries, NameQueries, RecordReads):
@@ -120,6 +123,13 @@ class Trial(StepQueries, NameQueries, RecordReads):
     def tensors_in_collection(self, coll: str | Collection) -> list[Tensor]:
         """Tensor objects of the tensors that belong to a collection."""
         return [self.tensor(n) for n in self.tensor_names(collection=coll)]
+
+    def diagnose(self, step: int | None = None) -> Diagnosis:
+        """Why the run broke: the first anomaly (or ``step``), where it began and its likely
+        cause, with the evidence (mltrace.diagnosis; ``mltrace diagnose`` prints the same)."""
+        from mltrace.diagnosis import diagnose
+
+        return diagnose(self, step)
 
     def __repr__(self) -> str:
         return f"<Trial {self.name!r} at {self.path!r}: {len(self._index.step_workers)} steps>"
