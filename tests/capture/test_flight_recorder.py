@@ -108,10 +108,14 @@ SAMPLE_TENSORS = ["samples/MSELoss/loss", "samples/Net/fingerprint"]
 
 
 def test_a_dump_holds_the_per_sample_losses_and_fingerprints_of_every_kept_step(tmp_path):
-    """By default (model and loss registered) the recorder keeps the ``samples`` collection
-    whole: a NaN's dump says which batch each step trained on and each sample's loss."""
+    """With ``samples=True`` (model and loss registered) the recorder keeps the ``samples``
+    collection whole: a NaN's dump says which batch each step trained on and each sample's loss.
+    By default it keeps none (a recompute of the loss per step)."""
+    assert FlightRecorderConfig().samples is False
     out = str(tmp_path / "run")
-    run = train(out, steps=40, poison_step=30)
+    run = train(out, steps=40, poison_step=30, recorder=FlightRecorderConfig(
+        steps=20, after_steps=5, collections=["gradients", "activations", "losses"],
+        reductions=list(FIVE_REDUCTIONS), samples=True))
     trial, xs = create_trial(out), _inputs(40)
     assert trial.tensor_names(collection="samples") == SAMPLE_TENSORS
     for step in range(10, 36):
@@ -140,8 +144,8 @@ def test_samples_false_keeps_none_and_the_budget_counts_them(tmp_path):
     assert create_trial(str(tmp_path / "with")).tensor_names(collection="samples") == SAMPLE_TENSORS
     # 20 kept steps, each with 32 fingerprints (8 bytes), 32 losses (4) and two entries (64)
     assert with_samples.max_ring_bytes - without.max_ring_bytes == 20 * (32 * 8 + 32 * 4 + 2 * 64)
-    parsed = parse_hook_config({"LocalPath": str(tmp_path / "json"), "FlightRecorder": {"samples": "false"}})
-    assert parsed.hook_kwargs["flight_recorder"].samples is False
+    parsed = parse_hook_config({"LocalPath": str(tmp_path / "json"), "FlightRecorder": {"samples": "true"}})
+    assert parsed.hook_kwargs["flight_recorder"].samples is True
 
 
 def test_a_loss_spike_dumps(tmp_path):

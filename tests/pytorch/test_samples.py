@@ -218,27 +218,23 @@ def test_nothing_is_computed_on_steps_that_save_no_samples(tmp_path: Path, monke
 
     monkeypatch.setattr(sample_probe, "per_sample_losses", count_losses)
     monkeypatch.setattr(sample_probe, "fingerprint_rows", count_rows)
-    hook = smd.Hook(out_dir=str(tmp_path / "run"), include_collections=[SAMPLES],
-                    save_config=smd.SaveConfig(save_interval=3))
-    torch.manual_seed(0)
-    model, loss_fn = nn.Linear(4, 1), nn.MSELoss()
-    hook.register_module(model)
-    hook.register_loss(loss_fn)
-    for _ in range(7):
-        loss_fn(model(torch.randn(5, 4)), torch.randn(5, 1)).backward()
-    hook.close()
+    def run(out: str, collection: str, interval: int, steps: int) -> None:
+        hook = smd.Hook(out_dir=str(tmp_path / out), include_collections=[collection],
+                        save_config=smd.SaveConfig(save_interval=interval))
+        torch.manual_seed(0)
+        model, loss_fn = nn.Linear(4, 1), nn.MSELoss()
+        hook.register_module(model)
+        hook.register_loss(loss_fn)
+        for _ in range(steps):
+            loss_fn(model(torch.randn(5, 4)), torch.randn(5, 1)).backward()
+        hook.close()
+
+    run("run", SAMPLES, 3, 7)
     assert calls == {"losses": 3, "rows": 3}  # steps 0, 3 and 6
     assert create_trial(str(tmp_path / "run")).tensor(loss_name("MSELoss")).steps() == [0, 3, 6]
 
     calls.update(losses=0, rows=0)  # a hook that saves no samples computes none
-    hook = smd.Hook(out_dir=str(tmp_path / "plain"), include_collections=["losses"],
-                    save_config=smd.SaveConfig(save_interval=1))
-    model, loss_fn = nn.Linear(4, 1), nn.MSELoss()
-    hook.register_module(model)
-    hook.register_loss(loss_fn)
-    for _ in range(3):
-        loss_fn(model(torch.randn(5, 4)), torch.randn(5, 1)).backward()
-    hook.close()
+    run("plain", "losses", 1, 3)
     assert calls == {"losses": 0, "rows": 0}
     assert not [n for n in create_trial(str(tmp_path / "plain")).tensor_names() if n.startswith("samples/")]
 
