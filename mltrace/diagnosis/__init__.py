@@ -49,8 +49,8 @@ def diagnose(trial: Trial, step: int | None = None, method: Method | None = None
         report.anomaly = report.anomalies[0]
     if report.anomaly is None:
         return report
-    report.origin = departures(table, scores, method, report.anomaly.step)
-    report.cause = explain(table, scores, method, report.origin)
+    report.origin = departures(table, scores, method, report.anomaly.step, report.anomaly.tensor)
+    report.cause = explain(table, scores, method, report.origin, report.anomaly.tensor)
     return report
 
 

@@ -85,8 +85,10 @@ class CauseFinding:
     record_next: list[str] = field(default_factory=list)
 
 
-def explain(table: SignalTable, scores: Scores, method: Method, ranked: list[Departure]) -> CauseFinding:
-    """The cause the departures ``ranked`` (origin first) point to (see module docstring)."""
+def explain(table: SignalTable, scores: Scores, method: Method, ranked: list[Departure],
+            anomaly_tensor: str | None = None) -> CauseFinding:
+    """The cause the departures ``ranked`` (origin first) point to (see module docstring);
+    ``anomaly_tensor`` is the tensor that made the anomaly, if one did."""
     finding = CauseFinding("unexplained", "")
     finding.samples = _standout_samples(table, method, ranked[0].step if ranked else None)
     finding.record_next = _missing(table)
@@ -117,7 +119,8 @@ def explain(table: SignalTable, scores: Scores, method: Method, ranked: list[Dep
     if np.isinf(origin.z):
         cause, summary = "numerics", (f"{origin.tensor} overflowed (NaN or infinity) at step {origin.step} while "
                                       "every tensor before it in the step was finite")
-    elif origin.phase == "optimizer" or (origin.phase == "backward" and _most_updates(optimizer, table)):
+    elif origin.phase == "optimizer" or (origin.phase == "backward" and (
+            _most_updates(optimizer, table) or anomaly_tensor in {d.tensor for d in optimizer})):
         cause, summary = "optimizer", _optimizer_text(optimizer or [origin], table)
     elif origin.phase in ("loss", "output") and signal is None:
         cause, summary = "data", (f"the loss jumped at step {origin.step} ({_times(origin)}) while no module output "

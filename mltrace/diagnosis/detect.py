@@ -196,8 +196,10 @@ def _first_sustained(table: SignalTable, scores: Scores, method: Method) -> tupl
         direction, floor = judged
         z, median = scores.z[name], scores.median[name]
         with np.errstate(invalid="ignore"):
-            far = (np.abs(z) >= method.z_anomaly) & (
-                np.abs(track.values - median) >= method.sustain_relative * np.abs(median)) & ~track.nonfinite
+            moved = np.abs(track.values - median) >= method.sustain_relative * np.abs(median)
+            # a growth out of a floor is judged by how far it moved alone: a window that grows
+            # with it has a wide spread, and a small z (an attention logit x1.03 a step)
+            far = (moved if floor else moved & (np.abs(z) >= method.z_anomaly)) & ~track.nonfinite
             far &= np.abs(track.values) >= floor
         for sign in ((1, -1) if direction == 0 else (direction,)):
             same = far & (np.sign(z) == sign)
@@ -212,11 +214,13 @@ def _first_sustained(table: SignalTable, scores: Scores, method: Method) -> tupl
     return None if best is None else (best[0], best[2])
 
 
-def departures(table: SignalTable, scores: Scores, method: Method, anomaly_step: int) -> list[Departure]:
+def departures(table: SignalTable, scores: Scores, method: Method, anomaly_step: int,
+               anomaly_tensor: str | None = None) -> list[Departure]:
     """Every tensor that left its window in the ``lookback`` steps up to the anomaly, from a step
     where it was within it (a tensor already out before the range left earlier, for reasons of
-    its own: a trend), ranked: earliest step first, then execution order within the step, then
-    the largest |z|."""
+    its own: a trend), and the anomaly's own tensor at its step (it left by the anomaly's
+    measure), ranked: earliest step first, then execution order within the step, then the
+    largest |z|."""
     end = table.index_of(anomaly_step)
     if end is None:
         end = int(np.searchsorted(table.steps, anomaly_step, side="right")) - 1
@@ -235,6 +239,8 @@ def departures(table: SignalTable, scores: Scores, method: Method, anomaly_step:
         if rows.size:
             r = start + int(rows[0])
             found.append(_departure(track, scores, r, int(table.steps[r])))
+    if anomaly_tensor in table.tracks and not any(d.tensor == anomaly_tensor for d in found):
+        found.append(_departure(table.tracks[anomaly_tensor], scores, end, int(table.steps[end])))
     found.sort(key=lambda d: (d.step, PHASES.index(d.phase), d.position, -abs(d.z)))
     return found
 
