@@ -3,8 +3,8 @@
 Tensor names (as smdebug's PyTorch hook): parameters ``<RootClass>_<param path>`` (saved at the
 start of each step, before the update), gradients ``gradient/<RootClass>_<param path>``, module
 inputs/outputs ``<module path>_input_<i>`` / ``<module path>_output_<i>`` (the root module by its
-class name), losses ``<LossClass>_output_0``; with the ``samples`` collection (saved by the
-``stability`` switch, kept by a flight recorder), each sample's loss ``samples/<LossClass>/loss``
+class name), losses ``<LossClass>_output_0``; with the ``samples`` collection (saved when
+named, kept by a flight recorder with ``samples=True``), each sample's loss ``samples/<LossClass>/loss``
 and input fingerprint ``samples/<RootClass>/fingerprint`` (:func:`fingerprint` computes the same
 digests of a batch, to find it in a data pipeline).
 

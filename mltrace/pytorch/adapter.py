@@ -75,9 +75,9 @@ class TorchAdapter(StepBoundary, ModuleIO, Gradients, ShardedSaves):
 
     def _stability_collections(self) -> None:
         """The stability collections exist once named (include_collections, a JSON
-        configuration, ``hook.get_collection``; ``stability`` brings every signal collection and
-        ``samples``), so a trial that does not save them lists none; ``samples`` also exists for
-        a flight recorder that keeps samples, once a model and a loss are registered.
+        configuration, ``hook.get_collection``; ``stability`` brings every signal collection),
+        so a trial that does not save them lists none; ``samples`` exists when named, or for a
+        flight recorder that keeps samples, once a model and a loss are registered.
         When saved, smdebug's weights and biases regexes leave their tensors out."""
         assert self.hook is not None
         plan, manager, recorder = self.hook.plan, self.hook.collection_manager, self.hook.recorder
@@ -86,7 +86,7 @@ class TorchAdapter(StepBoundary, ModuleIO, Gradients, ShardedSaves):
         recorded = (recorder is not None and recorder.config.samples and bool(self.modules)
                     and bool(self.samples.losses))
         named = [(name, regexes) for name, regexes in collection_regexes(DEFAULT_COLLECTIONS["losses"][0]).items()
-                 if every or name in plan.include_collections or name in manager.collections
+                 if (every and name != SAMPLES) or name in plan.include_collections or name in manager.collections
                  or (recorded and name == SAMPLES)]
         for name, regexes in named:
             coll = self.hook.get_collection(name)

@@ -37,9 +37,10 @@ model's root name (its class, as for weights: ``GPT``), ``<param>`` the paramete
 (``blocks.0.attn.c_attn.weight``), so ``grad_norm/GPT_blocks.0.attn.c_attn.weight`` sits beside
 the gradient ``gradient/GPT_blocks.0.attn.c_attn.weight``.
 
-The switch also saves the ``samples`` collection: each sample's loss and a fingerprint of
-each sample's input (mltrace.stability.samples), to say which batch and which samples a spike
-came from.
+The ``samples`` collection (each sample's loss and a fingerprint of each sample's input:
+mltrace.stability.samples), which says which batch and which samples a spike came from, is
+saved when named beside the switch (``include_collections=["stability", "samples"]``): its
+per-sample losses cost a recompute of the loss every saved step.
 
 This module is framework-neutral: the PyTorch hook computes the signals
 (mltrace.pytorch.stability), the rules read them (mltrace.rules.builtin.stability).
@@ -54,7 +55,7 @@ from mltrace.stability.samples import PREFIX as SAMPLES_PREFIX
 from mltrace.stability.samples import SAMPLES
 from mltrace.stability.samples import collection_regex as samples_regex
 
-#: The collection that saves every signal below, the losses and the samples (the one switch:
+#: The collection that saves every signal below and the losses (the one switch:
 #: ``include_collections=["stability"]``, in JSON ``{"CollectionName": "stability"}``).
 STABILITY = "stability"
 
@@ -104,11 +105,11 @@ def collection_regex(collection: str) -> str:
 
 def collection_regexes(loss_regex: str) -> dict[str, list[str]]:
     """Every collection of the set, {name: include regexes}: one per signal collection, the
-    samples', and ``stability`` for all of them with the losses (``loss_regex``: the
-    framework's)."""
+    samples', and ``stability`` for the signals with the losses (``loss_regex``: the
+    framework's; not the samples, whose per-sample loss costs a recompute of the loss a step)."""
     regexes = {c: [collection_regex(c)] for c in SIGNAL_COLLECTIONS}
     regexes[SAMPLES] = [samples_regex()]
-    regexes[STABILITY] = [collection_regex(c) for c in SIGNAL_COLLECTIONS] + [samples_regex(), loss_regex]
+    regexes[STABILITY] = [collection_regex(c) for c in SIGNAL_COLLECTIONS] + [loss_regex]
     return regexes
 
 

@@ -129,7 +129,7 @@ def test_cross_entropy_per_sample_losses_average_to_the_saved_loss(tmp_path: Pat
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3))
     loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
-    hook = smd.Hook(out_dir=str(tmp_path / "run"), include_collections=["stability"],
+    hook = smd.Hook(out_dir=str(tmp_path / "run"), include_collections=["stability", SAMPLES],
                     save_config=smd.SaveConfig(save_interval=1))
     hook.register_module(model)
     hook.register_loss(loss_fn)
@@ -142,7 +142,8 @@ def test_cross_entropy_per_sample_losses_average_to_the_saved_loss(tmp_path: Pat
         opt.step()
     hook.close()
     trial = create_trial(str(tmp_path / "run"))
-    assert {loss_name("CrossEntropyLoss"), fingerprint_name("Sequential")} <= set(trial.tensor_names(collection="stability"))
+    assert {loss_name("CrossEntropyLoss"), fingerprint_name("Sequential")} <= set(trial.tensor_names(collection=SAMPLES))
+    assert not {loss_name("CrossEntropyLoss")} & set(trial.tensor_names(collection="stability"))
     for step, (x, _) in enumerate(batches):
         losses = trial.tensor(loss_name("CrossEntropyLoss")).value(step)
         saved = float(trial.tensor("CrossEntropyLoss_output_0").value(step))

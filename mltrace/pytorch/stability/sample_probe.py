@@ -2,9 +2,9 @@
 losses and input fingerprints (mltrace.pytorch.samples), on which steps, and how they reach the
 trial or the flight recorder (mltrace.stability.samples names the tensors).
 
-Callbacks are installed only where the collection is wanted: saved (``samples``, or the
-``stability`` switch) or kept by a flight recorder (``FlightRecorderConfig(samples=True)``, the
-default, once a model and a loss are registered). Each step then decides, per tensor, whether
+Callbacks are installed only where the collection is wanted: saved (``samples`` named) or kept by a
+flight recorder (``FlightRecorderConfig(samples=True)``, once a model and a loss are
+registered). Each step then decides, per tensor, whether
 it is due (a saved collection holding it is due) or recorded (the recorder keeps it this step);
 on other steps each callback returns at its first test.
 
