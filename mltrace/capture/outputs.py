@@ -288,13 +288,14 @@ class Outputs:
         started, self._reductions = self._reductions, []
         assert self.writer is not None
         clock = self._clock
-        flat = self._adapter.reductions_to_host_flat([handle for _, _, handle in started])
+        handles = [handle for _, _, handle in started]
+        flat = self._adapter.reductions_to_host_flat(handles)
         if flat is not None:
             tags, integer = self._block_names(started)
             if len(tags) == len(flat):
                 self.writer.add_scalars(tags, integer, flat, clock.mode, clock.mode_step)
                 return
-        results = self._adapter.reductions_to_host([handle for _, _, handle in started])
+        results = self._adapter.reductions_to_host(handles)
         records = []
         for (name, items, _), values in zip(started, results):
             tags = self._tags_of(name, items)

@@ -34,7 +34,7 @@ def diagnose(trial: Trial, step: int | None = None, method: Method | None = None
     table = read_table(trial)
     steps = table.steps
     span = (len(steps), int(steps[0]) if len(steps) else -1, int(steps[-1]) if len(steps) else -1)
-    report = Diagnosis(trial.path if hasattr(trial, "path") else str(trial), table.worker, method, span,
+    report = Diagnosis(trial.path, table.worker, method, span,
                        damaged=table.damaged)
     if not len(steps):
         return report

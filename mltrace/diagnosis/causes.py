@@ -30,8 +30,8 @@ import numpy as np
 
 from mltrace.diagnosis.detect import Departure, Scores
 from mltrace.diagnosis.method import Method
-from mltrace.diagnosis.table import SAMPLES_PREFIX, SignalTable
-from mltrace.stability.signals import layer_of, parse_signal
+from mltrace.diagnosis.table import SAMPLES_PREFIX, SignalTable, is_update_ratio, layer_name
+from mltrace.stability.signals import parse_signal
 
 CAUSES = ("numerics", "optimizer", "data", "corruption", "unexplained")
 
@@ -44,7 +44,7 @@ ADVICE: dict[str, list[str]] = {
     ],
     "optimizer": [
         "check the learning-rate schedule at that step (a jump, a restart, a unit mistake); lower or warm up the rate",
-        "Adam: an epsilon near sqrt(v_hat) (here it dominates) stalls updates: use 1e-8 or smaller; "
+        "Adam: an epsilon near sqrt(v_hat) stalls updates: use 1e-8 or smaller; "
         "beta2 close to 1 keeps a stale second moment: 0.95-0.999",
         "clip gradients (clip_grad_norm_) so one step cannot move the weights far",
     ],
@@ -113,7 +113,7 @@ def explain(table: SignalTable, scores: Scores, method: Method, ranked: list[Dep
         ev.append(Evidence("data", True, f"{len(finding.samples)} sample(s) of the batch at step {origin.step} "
                                          f"have a loss {method.sample_ratio:g} times the batch median or more"))
     persistent = _persists(table, scores, origin)
-    jump = _jump(table, scores, origin)
+    jump = _jump(table, scores, method, origin)
     signal = parse_signal(origin.tensor)
     cause, summary = "unexplained", f"{origin.tensor} left its window first, at step {origin.step}"
     if np.isinf(origin.z):
@@ -153,7 +153,7 @@ def _times(d: Departure) -> str:
     return f"{d.value / d.median:.3g} times its window's median"
 
 
-def _jump(table: SignalTable, scores: Scores, d: Departure) -> bool:
+def _jump(table: SignalTable, scores: Scores, method: Method, d: Departure) -> bool:
     """True when ``d``'s tensor jumped at its step: ``jump_ratio`` times its median, from a value
     the step before that was within its window."""
     row = table.index_of(d.step)
@@ -161,7 +161,7 @@ def _jump(table: SignalTable, scores: Scores, d: Departure) -> bool:
         return False
     ratio = abs(d.value / d.median)
     before_ok = row == 0 or not scores.out[d.tensor][row - 1]
-    return before_ok and (ratio >= 5.0 or ratio <= 0.2)
+    return before_ok and (ratio >= method.jump_ratio or ratio <= 1 / method.jump_ratio)
 
 
 def _persists(table: SignalTable, scores: Scores, d: Departure, steps: int = 3) -> bool:
@@ -179,17 +179,11 @@ def _is_first(table: SignalTable, d: Departure) -> bool:
     the lowest number, or it has no numbered layer: an embedding)."""
     if d.phase not in ("forward", "weights"):
         return False
-    layer = _layer_number(_layer(d.tensor))
-    if _layer(d.tensor) is None:
+    if layer_name(d.tensor) is None:
         return True
-    numbers = [n for n in (_layer_number(_layer(name)) for name, t in table.tracks.items() if t.phase == d.phase)
+    numbers = [n for n in (_layer_number(layer_name(name)) for name, t in table.tracks.items() if t.phase == d.phase)
                if n is not None]
-    return bool(numbers) and layer == min(numbers)
-
-
-def _layer(tensor: str) -> str | None:
-    signal = parse_signal(tensor)
-    return layer_of(signal.subject if signal is not None else tensor)
+    return bool(numbers) and _layer_number(layer_name(d.tensor)) == min(numbers)
 
 
 def _layer_number(layer: str | None) -> int | None:
@@ -203,7 +197,7 @@ def _updates_before(table: SignalTable, scores: Scores, step: int) -> tuple[floa
     """The share of update-to-weight ratios out of their windows the step before ``step`` (None
     when no ratio was recorded then), and a sentence saying so."""
     row = table.index_of(step)
-    names = [n for n in table.tracks if n.startswith("updates/") and n.endswith("/ratio")]
+    names = table.update_ratios
     if row is None or row == 0 or not names:
         return None
     out = sum(bool(scores.out[n][row - 1]) for n in names)
@@ -215,9 +209,8 @@ def _updates_before(table: SignalTable, scores: Scores, step: int) -> tuple[floa
 def _most_updates(departures: list[Departure], table: SignalTable) -> bool:
     """True when more than half of the update-to-weight ratios left their windows in
     ``departures`` (the optimizer moved every parameter differently at once)."""
-    total = sum(1 for n in table.tracks if n.startswith("updates/") and n.endswith("/ratio"))
-    moved = sum(1 for d in departures
-                if d.tensor.startswith("updates/") and d.tensor.endswith("/ratio") and np.isfinite(d.z))
+    total = len(table.update_ratios)
+    moved = sum(1 for d in departures if is_update_ratio(d.tensor) and np.isfinite(d.z))
     return total > 0 and moved * 2 > total
 
 
@@ -225,8 +218,8 @@ def _optimizer_text(departures: list[Departure], table: SignalTable) -> str:
     """What the optimizer's departing tensors say, in a sentence."""
     d = departures[0]
     kinds = {x.tensor.rsplit("/", 1)[-1] for x in departures}
-    ratios = [x for x in departures if x.tensor.endswith("/ratio")]
-    total = sum(1 for n in table.tracks if n.startswith("updates/") and n.endswith("/ratio"))
+    ratios = [x for x in departures if is_update_ratio(x.tensor)]
+    total = len(table.update_ratios)
     parts = [f"the optimizer's step {d.step} left its window before anything else did"]
     if ratios:
         factors = [x.value / x.median for x in ratios if x.median and np.isfinite(x.value)]

@@ -156,7 +156,7 @@ def _jumps(table: SignalTable, scores: Scores, method: Method) -> list[Anomaly]:
 def _update_spikes(table: SignalTable, scores: Scores, method: Method) -> list[Anomaly]:
     """The first step where most update-to-weight ratios were ``grad_spike_ratio`` times their
     window's medians or more at once (a learning-rate jump moves every parameter)."""
-    names = [n for n in table.tracks if n.startswith("updates/") and n.endswith("/ratio")]
+    names = table.update_ratios
     if not names:
         return []
     with np.errstate(invalid="ignore"):

@@ -11,14 +11,12 @@ rate) is not said to jump on a change of a thousandth. Every decision is determi
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import asdict, dataclass
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-#: MAD times this estimates the standard deviation of normally distributed values.
-MAD_TO_STD = 1.4826
+from mltrace.stability.windows import MAD_TO_STD, window_mad, window_median
 
 
 @dataclass(frozen=True)
@@ -69,12 +67,9 @@ def trailing(values: np.ndarray, method: Method) -> tuple[np.ndarray, np.ndarray
     ``window`` steps before it; NaN where fewer than ``min_history`` are finite."""
     n, w = len(values), method.window
     padded = np.concatenate([np.full(w, np.nan), values])
-    windows = sliding_window_view(padded, w)[:n]
-    count = np.sum(np.isfinite(windows), axis=1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        median = np.nanmedian(windows, axis=1)
-        mad = np.nanmedian(np.abs(windows - median[:, None]), axis=1)
+    windows = sliding_window_view(padded, w)[:n].T  # column i: the window before step i
+    count = np.sum(np.isfinite(windows), axis=0)
+    median, mad = window_median(windows), window_mad(windows)
     scale = np.maximum(MAD_TO_STD * mad, method.min_scale * np.abs(median))
     scale = np.maximum(scale, 1e-12)
     median[count < method.min_history] = np.nan

@@ -14,17 +14,11 @@ from typing import Any
 from mltrace.diagnosis.causes import ADVICE, CauseFinding
 from mltrace.diagnosis.detect import Anomaly, Departure
 from mltrace.diagnosis.method import Method
-from mltrace.stability.signals import layer_of, parse_signal
+from mltrace.diagnosis.table import layer_name
 
 SCHEMA = "mltrace.diagnosis/1"
 #: Tensors of the origin ranking kept in a report.
 ORIGIN_TOP = 10
-
-
-def layer_name(tensor: str) -> str | None:
-    """The layer a tensor belongs to (``h.2`` of ``activations/h.2.mlp.c_fc/abs_max``)."""
-    signal = parse_signal(tensor)
-    return layer_of(signal.subject if signal is not None else tensor)
 
 
 @dataclass

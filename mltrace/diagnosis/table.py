@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mltrace.stability.signals import parse_signal
+from mltrace.stability.signals import layer_of, parse_signal
 
 if TYPE_CHECKING:
     from mltrace.trials import Trial
@@ -81,10 +81,26 @@ class SignalTable:
     worker: str | None = None
     damaged: list[str] = field(default_factory=list)
 
+    @property
+    def update_ratios(self) -> list[str]:
+        """The update-to-weight ratio tracks (``updates/<param>/ratio``)."""
+        return [n for n in self.tracks if is_update_ratio(n)]
+
     def index_of(self, step: int) -> int | None:
         """The row of global step ``step`` (None if the table has no such step)."""
         i = int(np.searchsorted(self.steps, step))
         return i if i < len(self.steps) and self.steps[i] == step else None
+
+
+def is_update_ratio(name: str) -> bool:
+    """True for an update-to-weight ratio (``updates/<param>/ratio``)."""
+    return name.startswith("updates/") and name.endswith("/ratio")
+
+
+def layer_name(tensor: str) -> str | None:
+    """The layer a tensor belongs to (``h.2`` of ``activations/h.2.mlp.c_fc/abs_max``), or None."""
+    signal = parse_signal(tensor)
+    return layer_of(signal.subject if signal is not None else tensor)
 
 
 def phase_of(name: str, losses: Iterable[str], gradients: Iterable[str], weights: Iterable[str]) -> str:
@@ -160,7 +176,7 @@ def _zero_weights(table: SignalTable) -> None:
     zero, at the first step): not a non-finite value of training when the update itself was
     finite."""
     for name, track in table.tracks.items():
-        if name.startswith("updates/") and name.endswith("/ratio"):
+        if is_update_ratio(name):
             update = table.tracks.get(name[: -len("ratio")] + "l2")
             if update is not None:
                 track.nonfinite &= ~np.isfinite(update.values)
@@ -223,4 +239,5 @@ def summarize(name: str, array: np.ndarray) -> tuple[float, bool]:
     return float(np.sqrt(np.dot(flat, flat))), True
 
 
-__all__ = ["PHASES", "SAMPLES_PREFIX", "SignalTable", "Track", "phase_of", "read_table", "summarize"]
+__all__ = ["PHASES", "SAMPLES_PREFIX", "SignalTable", "Track", "is_update_ratio", "layer_name", "phase_of",
+           "read_table", "summarize"]

@@ -18,6 +18,7 @@ import mltrace.pytorch as smd
 from mltrace.cli import main as cli
 from mltrace.diagnosis import SCHEMA, diagnose
 from mltrace.trials import create_trial
+from tests.support.stability_models import TokenLoss
 
 STEPS, AT = 90, 70
 WIDTH, VOCAB, CONTEXT, BATCH = 16, 12, 8, 6
@@ -55,11 +56,6 @@ class Chain(nn.Module):
         for block in self.h:
             x = block(x)
         return self.head(x)
-
-
-class TokenLoss(nn.Module):
-    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
 def _batches(seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
