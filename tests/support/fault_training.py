@@ -28,6 +28,7 @@ import pickle
 import resource
 import signal
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -143,6 +144,15 @@ def _settle(hook: smd.Hook) -> None:
         hook.tensorboard.flush()
 
 
+def _await_failure(hook: smd.Hook, timeout: float = 60.0) -> None:
+    """Wait until the trial writer knows a write failed (its process reports within a batch
+    interval; on a loaded machine that can take longer than the DURING steps of a small MLP),
+    so that when a strict hook raises depends on the hook, not on the machine's load."""
+    deadline = time.monotonic() + timeout
+    while hook.writer is not None and not hook.writer.failures.count and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def run_full_disk(out_dir: str, disk: Disk, strict: bool = False, export_tensorboard: bool = False,
                   fault_at_close: bool = False, tensorboard_dir: str | None = None,
                   raw_weights: bool = True) -> Outcome:
@@ -184,6 +194,8 @@ def run_full_disk(out_dir: str, disk: Disk, strict: bool = False, export_tensorb
                 full = False
             train(model, hook, 1, captured=captured, loss_fn=loss_fn, start=step)
             outcome.steps_done += 1
+            if strict and raw_weights and step == BEFORE:
+                _await_failure(hook)
             writer, tensorboard = hook.writer, hook.tensorboard
         if fault_at_close:
             _settle(hook)
