@@ -28,6 +28,10 @@ STOP_SIGNAL_FILE = "mltrace_stop_training.json"
 WORKERS_DONE_DIR = "mltrace_done"
 #: one JSON per rule execution (mltrace.rules.results), read by the TensorBoard plugin.
 RULE_RESULTS_DIR = "mltrace_rules"
+#: one JSON per worker, the last diagnosis of its trial (mltrace.diagnosis.stored): ``mltrace
+#: diagnose`` after a flight-recorder dump and ``mltrace watch`` write it; the TensorBoard
+#: plugin and MLflow show it.
+DIAGNOSIS_DIR = "mltrace_diagnosis"
 #: one JSON per rule execution that ``mltrace watch`` finished (mltrace.watch.state): what a
 #: restarted watcher skips.
 WATCH_STATE_DIR = "mltrace_watch"
