@@ -48,12 +48,14 @@ RULES_GROUP = "mltrace.rules"
 RULE_LISTENERS_GROUP = "mltrace.rule_listeners"
 SINKS_GROUP = "mltrace.sinks"
 COMMANDS_GROUP = "mltrace.commands"
+DIAGNOSIS_LISTENERS_GROUP = "mltrace.diagnosis_listeners"
 
 #: How to get each group's plugins when none is installed, for error messages.
 _INSTALL_HINTS = {
     SINKS_GROUP: "the MLflow sink comes with pip install 'mltrace[mlflow]'",
     RULE_LISTENERS_GROUP: "MLflow rule runs come with pip install 'mltrace[mlflow]'",
     STORAGE_GROUP: "s3:// is built in (pip install 'mltrace[s3]' for boto3)",
+    DIAGNOSIS_LISTENERS_GROUP: "MLflow tags of a diagnosis come with pip install 'mltrace[mlflow]'",
     COMMANDS_GROUP: "compare comes with 'mltrace[mlflow]', tensorboard with 'mltrace[tensorboard]'",
 }
 
@@ -158,9 +160,11 @@ rule_listeners: Registry[Callable[..., Any]] = Registry(RULE_LISTENERS_GROUP)
 sinks: Registry[Callable[[Any, dict[str, Any]], Any]] = Registry(SINKS_GROUP)
 #: subcommand name -> ``add_command(subparsers)`` (see mltrace.cli.build_parser).
 commands: Registry[Callable[[Any], None]] = Registry(COMMANDS_GROUP)
+#: listener name -> ``listener(trial_location, report_dict)`` (see mltrace.diagnosis.publish).
+diagnosis_listeners: Registry[Callable[[str, dict[str, Any]], None]] = Registry(DIAGNOSIS_LISTENERS_GROUP)
 
 REGISTRIES: dict[str, Registry[Any]] = {
-    r.group: r for r in (storage, rules, rule_listeners, sinks, commands)
+    r.group: r for r in (storage, rules, rule_listeners, sinks, commands, diagnosis_listeners)
 }
 
 
