@@ -51,7 +51,7 @@ def test_registries_load_the_installed_entry_points() -> None:
     assert plugins.registry("mltrace.sinks") is plugins.sinks
     assert set(plugins.REGISTRIES) == {"mltrace.storage", "mltrace.rules",
                                        "mltrace.rule_listeners", "mltrace.sinks",
-                                       "mltrace.commands"}
+                                       "mltrace.commands", "mltrace.diagnosis_listeners"}
     with pytest.raises(MltraceValueError, match="mltrace.sinks"):
         plugins.registry("mltrace.sink")
 
