@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -250,3 +251,41 @@ def test_a_trial_still_training_is_only_read(tmp_path):
     assert not report.found
     assert sorted(os.listdir(out)) == listing
     hook.close()
+
+
+POISONED = (2, 4)
+
+
+def poisoned_samples(step, model, optimizer, batch):
+    """Two samples of the batch at AT with labels from nowhere (a bad shard's rows)."""
+    if step != AT:
+        return batch
+    x, y = batch
+    y = y.clone()
+    gen = torch.Generator().manual_seed(7)
+    for i in POISONED:
+        y[i] = torch.randint(0, VOCAB, (CONTEXT,), generator=gen)
+    return x, y
+
+
+def test_a_poisoned_batch_is_found_by_its_per_sample_losses_and_fingerprint(tmp_path):
+    """The samples collection keeps each step's per-sample losses and input fingerprints: the
+    diagnosis names the two poisoned samples of the batch, with the fingerprints a user finds
+    them by in the pipeline (smd.fingerprint of the batch's inputs)."""
+    out = train(tmp_path / "poisoned", poisoned_samples, collections=("stability", "samples"))
+    report = diagnose(create_trial(out))
+    assert report.found and report.onset == AT and report.cause_name == "data", report.to_text()
+    named = {s["index"]: s for s in report.cause.samples}
+    assert set(named) == set(POISONED), report.cause.samples
+    inputs = _batches()[AT][0]
+    expected = smd.fingerprint(inputs)
+    for i in POISONED:
+        assert named[i]["fingerprint"] == f"{int(expected[i].view(np.uint64)):016x}"
+        assert named[i]["loss"] >= 3 * named[i]["batch_median"]
+    assert any(e.cause == "data" and e.supports and "sample" in e.text for e in report.cause.evidence)
+    text = report.to_text()
+    assert all(f"sample {i}:" in text for i in POISONED)
+    # what the user does with it: find the batch among the pipeline's by its fingerprints
+    model_name = next(n for n in create_trial(out).tensor_names() if n.endswith("/fingerprint"))
+    saved = create_trial(out).tensor(model_name).value(AT)
+    assert [s for s, (x, _) in enumerate(_batches()) if (smd.fingerprint(x) == saved).all()] == [AT]
