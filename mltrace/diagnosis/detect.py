@@ -4,7 +4,8 @@ that left first, in the step's execution order).
 
 The anomaly is the earliest of: a non-finite value in any tensor; the loss, or the model's
 global gradient norm, spiking above its window (robust z >= ``z_anomaly`` and ``spike_ratio``
-times its median); a stability signal or the loss out of its window ``sustain`` steps in a row;
+times its median; a gradient spike only where it reached the updates or the loss, see
+``_reached_training``); a stability signal or the loss out of its window ``sustain`` steps in a row;
 a flight-recorder dump; or the step the user asked about. The onset is searched in the
 ``lookback`` steps before it: each tensor's first step out of its window (or not finite); the
 origin is every such tensor ranked by that step, then by its place in the step's execution order
@@ -81,6 +82,10 @@ def global_grad_norms(table: SignalTable) -> list[str]:
 SUSTAINED: dict[tuple[str, str], tuple[int, float]] = {
     ("attention", "max_logit"): (1, 10.0), ("optimizer_state", "eps_fraction"): (1, 0.0),
     ("optimizer_state", "grad_sq_ratio"): (-1, 0.0), ("updates", "ratio"): (0, 0.0)}
+#: Signals of SUSTAINED judged by the factor they fell by (``Method.fall_ratio``), not by z: a
+#: ratio near 1 with a wide spread (Adam's g^2 / v_hat) can fall a thousandfold, a stale second
+#: moment, and still score a robust z of only -2 to -5 against its window.
+FALLS = {("optimizer_state", "grad_sq_ratio")}
 
 
 def sustained_direction(name: str, losses: list[str]) -> tuple[int, float] | None:
@@ -111,6 +116,8 @@ def find_anomalies(table: SignalTable, scores: Scores, method: Method,
             with np.errstate(invalid="ignore"):
                 spikes = (z >= method.z_anomaly) & (track.values >= ratio * median)
             rows = np.flatnonzero(spikes)
+            if kind == "grad_norm_spike":
+                rows = rows[[_reached_training(table, scores, method, int(r)) for r in rows]]
             if rows.size:
                 r = int(rows[0])
                 found.append(Anomaly(int(steps[r]), kind, name,
@@ -127,6 +134,18 @@ def find_anomalies(table: SignalTable, scores: Scores, method: Method,
     for step, reason in dumps:
         found.append(Anomaly(step, "flight_recorder", None, f"the flight recorder dumped: {reason}"))
     return sorted(found, key=lambda a: a.step)
+
+
+def _reached_training(table: SignalTable, scores: Scores, method: Method, row: int) -> bool:
+    """Whether a gradient-norm spike at ``row`` reached training: an update-to-weight ratio or
+    the loss left its window at that step or in the ``lookback`` steps after it. A spike that
+    clipping absorbed moves neither and is a healthy run's (heavy-tailed gradients); a trial that
+    records no update ratios cannot tell, so every spike counts there."""
+    ratios = table.update_ratios
+    if not ratios:
+        return True
+    span = slice(row, row + method.lookback + 1)
+    return any(bool(scores.out[name][span].any()) for name in (*ratios, *table.losses))
 
 
 def _jumps(table: SignalTable, scores: Scores, method: Method) -> list[Anomaly]:
@@ -183,6 +202,11 @@ def _first_nonfinite(table: SignalTable) -> tuple[int, str] | None:
     return None if best is None else (best[0], best[2])
 
 
+def _falls(name: str) -> bool:
+    signal = parse_signal(name)
+    return signal is not None and (signal.collection, signal.quantity or "") in FALLS
+
+
 def _first_sustained(table: SignalTable, scores: Scores, method: Method) -> tuple[int, str] | None:
     """The earliest row from which a signal of SUSTAINED (or the loss) stays out of its window
     ``sustain`` steps in a row, the way that matters, by ``z_anomaly`` and ``sustain_relative``
@@ -197,9 +221,12 @@ def _first_sustained(table: SignalTable, scores: Scores, method: Method) -> tupl
         z, median = scores.z[name], scores.median[name]
         with np.errstate(invalid="ignore"):
             moved = np.abs(track.values - median) >= method.sustain_relative * np.abs(median)
-            # a growth out of a floor is judged by how far it moved alone: a window that grows
-            # with it has a wide spread, and a small z (an attention logit x1.03 a step)
-            far = (moved if floor else moved & (np.abs(z) >= method.z_anomaly)) & ~track.nonfinite
+            if _falls(name):
+                moved = track.values * method.fall_ratio <= median
+            # a growth out of a floor, or a fall, is judged by how far it moved alone: a window
+            # that grows with it has a wide spread, and a small z (an attention logit x1.03 a step)
+            alone = floor or _falls(name)
+            far = (moved if alone else moved & (np.abs(z) >= method.z_anomaly)) & ~track.nonfinite
             far &= np.abs(track.values) >= floor
         for sign in ((1, -1) if direction == 0 else (direction,)):
             same = far & (np.sign(z) == sign)

@@ -41,6 +41,9 @@ class Method:
         jump_ratio: a tensor that is this many times its window's median at the onset, from a
             normal value the step before, jumped (a sudden change) rather than grew.
         sample_ratio: a sample whose loss is this many times the batch's median loss stands out.
+        fall_ratio: Adam's ratio of the squared gradient to its second moment that falls to this
+            fraction of its window's median or less, ``sustain`` steps in a row, is an anomaly (a
+            stale second moment; judged by the factor alone, see detect.FALLS).
     """
 
     window: int = 50
@@ -56,6 +59,7 @@ class Method:
     min_scale: float = 0.01
     jump_ratio: float = 5.0
     sample_ratio: float = 3.0
+    fall_ratio: float = 20.0
 
     def to_dict(self) -> dict[str, float]:
         """The thresholds as JSON (every report carries the ones it used)."""
