@@ -82,10 +82,8 @@ def global_grad_norms(table: SignalTable) -> list[str]:
 SUSTAINED: dict[tuple[str, str], tuple[int, float]] = {
     ("attention", "max_logit"): (1, 10.0), ("optimizer_state", "eps_fraction"): (1, 0.0),
     ("optimizer_state", "grad_sq_ratio"): (-1, 0.0), ("updates", "ratio"): (0, 0.0)}
-#: Signals of SUSTAINED judged by the factor they fell by (``Method.fall_ratio``), not by z: a
-#: ratio near 1 with a wide spread (Adam's g^2 / v_hat) can fall a thousandfold, a stale second
-#: moment, and still score a robust z of only -2 to -5 against its window.
-FALLS = {("optimizer_state", "grad_sq_ratio")}
+#: Adam's squared gradient over its second moment (one per parameter; see _stale_moments).
+GRAD_SQ_RATIO = ("optimizer_state", "grad_sq_ratio")
 
 
 def sustained_direction(name: str, losses: list[str]) -> tuple[int, float] | None:
@@ -131,6 +129,7 @@ def find_anomalies(table: SignalTable, scores: Scores, method: Method,
                              f"{int(steps[row])} ({table.tracks[name].values[row] / scores.median[name][row]:.3g} "
                              f"times its median, robust z {scores.z[name][row]:.1f})"))
     found += _jumps(table, scores, method) + _update_spikes(table, scores, method)
+    found += _stale_moments(table, scores, method)
     for step, reason in dumps:
         found.append(Anomaly(step, "flight_recorder", None, f"the flight recorder dumped: {reason}"))
     return sorted(found, key=lambda a: a.step)
@@ -190,6 +189,39 @@ def _update_spikes(table: SignalTable, scores: Scores, method: Method) -> list[A
                     f"{method.grad_spike_ratio:g} times their medians or more at once")]
 
 
+def _stale_moments(table: SignalTable, scores: Scores, method: Method) -> list[Anomaly]:
+    """The first step from which most parameters' Adam ``grad_sq_ratio`` stayed at a
+    ``fall_ratio``-th of its window's median or less ``sustain`` steps in a row, while its
+    gradient norm stayed above half its median: a second moment gone stale (beta2 close to 1) is
+    an optimizer setting, and moves every parameter. Judged by
+    that factor, not by z: the ratio's window is wide (one parameter's can swing from 0.001 to 1
+    in a healthy run), so a thousandfold fall may still score a robust z of -2."""
+    pairs = [(n, f"grad_norm/{signal.subject}") for n in table.tracks
+             if (signal := parse_signal(n)) is not None and (signal.collection, signal.quantity) == GRAD_SQ_RATIO]
+    pairs = [(n, g) for n, g in pairs if g in table.tracks]
+    if not pairs:
+        return []
+    names = [n for n, _ in pairs]
+    with np.errstate(invalid="ignore"):
+        # ...while the gradient itself kept its size: a gradient that shrinks (a loss that
+        # converges) makes the ratio fall too, with the second moment doing its job
+        fell = np.stack([(table.tracks[n].values * method.fall_ratio <= scores.median[n])
+                         & (table.tracks[g].values >= 0.5 * scores.median[g]) for n, g in pairs])
+    most = (fell.mean(axis=0) > 0.5).astype(np.int32)
+    k = method.sustain
+    if most.sum() < k:
+        return []
+    rows = np.flatnonzero(np.convolve(most, np.ones(k, dtype=np.int32), mode="valid") == k)
+    if not rows.size:
+        return []
+    r = int(rows[0])
+    first = min((table.tracks[n].order, n) for i, n in enumerate(names) if fell[i, r])[1]
+    return [Anomaly(int(table.steps[r]), "sustained", first,
+                    f"{int(fell[:, r].sum())} of {len(names)} parameters' grad_sq_ratio (Adam's squared "
+                    f"gradient over its second moment) fell to a {method.fall_ratio:g}th of their medians "
+                    f"or less for {k} steps from step {int(table.steps[r])}")]
+
+
 def _first_nonfinite(table: SignalTable) -> tuple[int, str] | None:
     """The row and track of the first non-finite value, in execution order within the row."""
     best: tuple[int, tuple[int, int], str] | None = None
@@ -200,11 +232,6 @@ def _first_nonfinite(table: SignalTable) -> tuple[int, str] | None:
             if best is None or key < best:
                 best = key
     return None if best is None else (best[0], best[2])
-
-
-def _falls(name: str) -> bool:
-    signal = parse_signal(name)
-    return signal is not None and (signal.collection, signal.quantity or "") in FALLS
 
 
 def _first_sustained(table: SignalTable, scores: Scores, method: Method) -> tuple[int, str] | None:
@@ -221,12 +248,9 @@ def _first_sustained(table: SignalTable, scores: Scores, method: Method) -> tupl
         z, median = scores.z[name], scores.median[name]
         with np.errstate(invalid="ignore"):
             moved = np.abs(track.values - median) >= method.sustain_relative * np.abs(median)
-            if _falls(name):
-                moved = track.values * method.fall_ratio <= median
-            # a growth out of a floor, or a fall, is judged by how far it moved alone: a window
-            # that grows with it has a wide spread, and a small z (an attention logit x1.03 a step)
-            alone = floor or _falls(name)
-            far = (moved if alone else moved & (np.abs(z) >= method.z_anomaly)) & ~track.nonfinite
+            # a growth out of a floor is judged by how far it moved alone: a window that grows
+            # with it has a wide spread, and a small z (an attention logit x1.03 a step)
+            far = (moved if floor else moved & (np.abs(z) >= method.z_anomaly)) & ~track.nonfinite
             far &= np.abs(track.values) >= floor
         for sign in ((1, -1) if direction == 0 else (direction,)):
             same = far & (np.sign(z) == sign)

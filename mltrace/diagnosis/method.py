@@ -41,9 +41,9 @@ class Method:
         jump_ratio: a tensor that is this many times its window's median at the onset, from a
             normal value the step before, jumped (a sudden change) rather than grew.
         sample_ratio: a sample whose loss is this many times the batch's median loss stands out.
-        fall_ratio: Adam's ratio of the squared gradient to its second moment that falls to this
-            fraction of its window's median or less, ``sustain`` steps in a row, is an anomaly (a
-            stale second moment; judged by the factor alone, see detect.FALLS).
+        fall_ratio: when most parameters' Adam ratio of the squared gradient to its second
+            moment falls to this fraction of its window's median or less, ``sustain`` steps in a
+            row, it is an anomaly (a stale second moment; judged by the factor alone).
     """
 
     window: int = 50
