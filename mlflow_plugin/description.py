@@ -1,6 +1,7 @@
 """The training run's description in MLflow (its ``mlflow.note.content`` tag, which the UI shows
-as Markdown on the run's page): the trial, its steps per mode, its collections, and what the
-rules found, each finding in full with its global step and the mode's own step beside it.
+as Markdown on the run's page): the trial, its steps per mode, its collections, what the
+rules found, each finding in full with its global step and the mode's own step beside it, and
+the trial's diagnosis once one was made (from the ``mltrace.diagnosis.*`` tags: diagnosis.py).
 
 The hook's sink writes it when training ends; each rule execution rewrites it when it starts,
 when its condition first holds and when it ends, so the page follows the rules live. Only the
@@ -21,12 +22,15 @@ from mltrace import analysis
 from mltrace.trials import Trial
 
 from . import _keys, links
+from .diagnosis import NONE, TAG_CAUSE, TAG_MESSAGE, TAG_ONSET, TAG_ORIGIN
 
 logger = logging.getLogger(__name__)
 
 NOTE_TAG = "mlflow.note.content"
 START = "<!-- mltrace: this part is rewritten by mltrace -->"
 END = "<!-- mltrace: end -->"
+#: The training run's tags the "Diagnosis" section is made of (diagnosis.py sets them).
+_DIAGNOSIS_TAGS = (TAG_CAUSE, TAG_MESSAGE, TAG_ONSET, TAG_ORIGIN)
 #: Order of the findings: what needs a look first.
 _ORDER = {"IssuesFound": 0, "Error": 1, "InProgress": 2, "NothingChecked": 3, "NoIssuesFound": 4}
 #: A mark per rule status, in glyphs common fonts have (DejaVu, Liberation, system UI fonts;
@@ -87,15 +91,19 @@ def _cell(text: Any) -> str:
 
 def training_description(trial: Trial | None, location: str,
                          findings: dict[str, dict[str, str]], experiment_id: str | None = None,
-                         first_nonfinite: tuple[str, str] | None = None) -> str:
+                         first_nonfinite: tuple[str, str] | None = None,
+                         diagnosis: dict[str, str] | None = None) -> str:
     """mltrace's part of the description (Markdown between the markers): the first non-finite
-    tensor (tensor, step) when the flight recorder saw one and the findings first (the UI folds
-    long descriptions after a few lines), then the trial, its steps and collections."""
+    tensor (tensor, step) when the flight recorder saw one, the diagnosis (its
+    ``mltrace.diagnosis.*`` tags) and the findings first (the UI folds long descriptions after a
+    few lines), then the trial, its steps and collections."""
     out = [START]
     if first_nonfinite is not None:
         tensor, step = first_nonfinite
         out += [f"**First non-finite tensor: `{_cell(tensor).replace('`', '')}` at "
                 f"{_cell(step_text(trial, step))}** (flight recorder)", ""]
+    if diagnosis:
+        out += diagnosis_section(trial, location, diagnosis)
     if not findings:
         out += ["#### mltrace: no rule has run on this trial yet", ""]
     else:
@@ -127,6 +135,20 @@ def training_description(trial: Trial | None, location: str,
     return "\n".join(out)
 
 
+def diagnosis_section(trial: Trial | None, location: str, tags: dict[str, str]) -> list[str]:
+    """The "Diagnosis" section (Markdown lines) from a run's ``mltrace.diagnosis.*`` tags: the
+    cause, the report's one line, the onset and the origin, and where the full report is."""
+    cause = tags.get(TAG_CAUSE) or NONE
+    out = ["#### Diagnosis" + (f": {_cell(cause)}" if cause != NONE else ""), "",
+           _cell(tags.get(TAG_MESSAGE) or "-"), ""]
+    onset, origin = tags.get(TAG_ONSET) or NONE, tags.get(TAG_ORIGIN) or NONE
+    if onset != NONE or origin != NONE:
+        out += [f"Onset: {_cell(step_text(trial, onset)) if onset != NONE else '-'}; origin: "
+                f"`{_cell(origin).replace('`', '')}`", ""]
+    out += [f"The full report: `mltrace diagnose {location}`", ""]
+    return out
+
+
 def merged(existing: str | None, ours: str) -> str:
     """``existing`` with mltrace's part replaced by ``ours`` (or ``ours`` added below the user's
     text)."""
@@ -155,9 +177,10 @@ def update_training_description(client: Any, run_id: str, trial: Trial | None = 
         except Exception as exc:  # the trial elsewhere or gone: the findings still show
             logger.debug("description of run %s without its trial: %s", run_id, exc)
     first = (tags.get(_keys.TAG_FIRST_NONFINITE_TENSOR), tags.get(_keys.TAG_FIRST_NONFINITE_STEP))
+    diagnosis = {k: tags[k] for k in _DIAGNOSIS_TAGS if k in tags}
     ours = training_description(trial, location, findings_from_tags(tags),
                                 run.info.experiment_id,
-                                (first[0], first[1] or "?") if first[0] else None)
+                                (first[0], first[1] or "?") if first[0] else None, diagnosis)
     text = _keys.tag_value(merged(tags.get(NOTE_TAG), ours))
     if text != tags.get(NOTE_TAG):
         client.set_tag(run_id, NOTE_TAG, text)

@@ -38,7 +38,9 @@ class RecorderDumps(RecorderRing):
                 return False
             if self._pending is None:
                 if self._record_changed and self._after_left == 0:
-                    self.write_record(writer)
+                    self.write_record(writer)  # with the dump's after-steps: it is complete
+                    if self.record.dumps:
+                        self.on_dump_complete(self.record, self.record.dumps[-1])
                     if len(self.record.dumps) >= self.config.max_dumps:
                         # nothing more can be dumped: stop paying for the recording
                         self._stop_recording()

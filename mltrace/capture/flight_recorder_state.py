@@ -120,6 +120,9 @@ class RecorderState:
         self._warned_budget = False
         #: called after each dump with the record and the dump (the hook tells its sinks)
         self.on_dump: Callable[[FlightRecord, Dump], None] = lambda record, dump: None
+        #: called once a dump is complete: its ``after_steps`` steps written and the record
+        #: rewritten with them (the hook diagnoses its trial then)
+        self.on_dump_complete: Callable[[FlightRecord, Dump], None] = lambda record, dump: None
         self._lock = threading.RLock()  # the excepthook may trigger from another thread
 
     def _to_host(self, step: RecordedStep) -> np.ndarray:

@@ -64,6 +64,12 @@ class FlightRecorderConfig:
             model and a loss are registered. Off by default: recomputing the loss per sample
             every step costs more than the rest of the recorder's defaults together (measured
             on a small transformer's step).
+        diagnose: after each dump that a trigger made (not one asked for by hand), once its
+            ``after_steps`` are written (or at close, if training ends first), diagnose the
+            trial on a background thread and publish the report (mltrace.diagnosis.publish:
+            ``mltrace_diagnosis/<worker>.json``, the log, the MLflow run's tags), so the run says
+            why it broke without anyone running ``mltrace diagnose``; see
+            mltrace.capture.flight_recorder_diagnosis.
     """
 
     steps: int = 50
@@ -78,6 +84,7 @@ class FlightRecorderConfig:
     on_exception: bool = True
     max_dumps: int = 5
     samples: bool = False
+    diagnose: bool = True
 
     def __post_init__(self) -> None:
         for name in ("steps", "after_steps", "loss_window", "max_dumps"):
@@ -155,7 +162,7 @@ def entry_bytes(reductions: int) -> int:
 
 
 _INT_FIELDS = ("steps", "after_steps", "memory_budget", "loss_window", "max_dumps")
-_FLAG_FIELDS = ("raw", "nonfinite", "on_exception", "samples")
+_FLAG_FIELDS = ("raw", "nonfinite", "on_exception", "samples", "diagnose")
 
 
 def _coerce(key: str, value: Any, where: str) -> Any:

@@ -1,5 +1,6 @@
 """The flight recorder as one hook uses it: built from the hook's options, fed the dump requests
-its stop signal found, checked against a model's size, and telling the hook's sinks of each dump.
+its stop signal found, checked against a model's size, telling the hook's sinks of each dump, and
+diagnosing the trial once a dump is complete (mltrace.capture.flight_recorder_diagnosis).
 
 The recorder itself (mltrace.capture.flight_recorder) knows nothing of hooks; this part joins it
 to the hook's other parts so that the hook's own methods stay one line each.
@@ -18,6 +19,7 @@ from typing import Any
 from mltrace.capture.adapter import Adapter
 from mltrace.capture.clock import StepClock
 from mltrace.capture.flight_recorder import FlightRecorder
+from mltrace.capture.flight_recorder_diagnosis import DumpDiagnosis
 from mltrace.capture.options import HookOptions
 from mltrace.capture.outputs import Outputs
 from mltrace.capture.plan import SavePlan
@@ -43,6 +45,7 @@ class Recording:
         sinks: the hook's tracking sinks, read at each dump (sinks may be added later).
         strict: raise a sink's failure instead of logging it.
         writing: whether the hook still writes (an exception after close dumps nothing).
+        diagnosis: the diagnoses of the dumps (None: ``FlightRecorderConfig(diagnose=False)``).
     """
 
     recorder: FlightRecorder
@@ -51,9 +54,11 @@ class Recording:
     sinks: Callable[[], list[Any]]
     strict: bool
     writing: Callable[[], bool]
+    diagnosis: DumpDiagnosis | None = None
 
     def __post_init__(self) -> None:
-        self.recorder.on_dump = self._tell_sinks
+        self.recorder.on_dump = self._dumped
+        self.recorder.on_dump_complete = self._completed
         self.recorder.collections_of = self.plan.collections_of
         self.stop.watch_dump_requests = True
         if self.recorder.config.on_exception:
@@ -77,7 +82,9 @@ class Recording:
                 f"({type(adapter).__name__}) cannot record; build the hook without flight_recorder")
         if config.collections is not None:
             check_collections(config.collections, plan.manager.get_collections())
-        return cls(FlightRecorder(config, adapter), plan, stop, sinks, options.strict, writing)
+        diagnosis = DumpDiagnosis(options.out_dir) if config.diagnose else None
+        return cls(FlightRecorder(config, adapter), plan, stop, sinks, options.strict, writing,
+                   diagnosis)
 
     def prepare(self) -> None:
         """The saved collections are fixed: resolve the recorded ones, which the plan then
@@ -115,6 +122,8 @@ class Recording:
         if pending or writer.step_open:  # or the recorder wrote the step (one after a trigger)
             outputs.end_step()
         self.recorder.dump_pending(writer)
+        if self.diagnosis is not None and self.diagnosis.due is not None:
+            self.diagnosis.start(writer, self.recorder.worker)
 
     def end_quiet_step(self, outputs: Outputs, writer: TrialWriter, ended: bool) -> bool:
         """Close a step that only recorded (the hook's boundary skips its own end there: nothing
@@ -136,9 +145,13 @@ class Recording:
         self.recorder.adapter.on_step_begin()
 
     def finish(self, writer: TrialWriter) -> None:
-        """At close: a dump asked for after the last step, then the record file."""
+        """At close: a dump asked for after the last step, then the record file; then the
+        diagnosis of a dump that training ended before completing, and the wait for those
+        still running (bounded: see mltrace.capture.flight_recorder_diagnosis)."""
         self.recorder.dump_pending(writer)
         self.recorder.write_record(writer)
+        if self.diagnosis is not None:
+            self.diagnosis.finish(writer, self.recorder.worker)
 
     def dump(self, reason: str, between_steps: bool, writer: TrialWriter | None) -> None:
         """A dump asked for by hand: written now when no step is open, else at the step's end."""
@@ -162,6 +175,17 @@ class Recording:
         known = self.plan.manager.get_collections()
         colls = [known[n] for n in names if n in known]
         self.recorder.check_budget(tensors, lambda name: any(adapter.is_member(c, name) for c in colls))
+
+    def _dumped(self, record: FlightRecord, dump: Dump) -> None:
+        """A dump began: its diagnosis waits for it to complete; the sinks hear of it now."""
+        if self.diagnosis is not None:
+            self.diagnosis.dumped(dump)
+        self._tell_sinks(record, dump)
+
+    def _completed(self, record: FlightRecord, dump: Dump) -> None:
+        """The dump's after-steps are written: diagnose it at the end of this step."""
+        if self.diagnosis is not None:
+            self.diagnosis.completed()
 
     def _tell_sinks(self, record: FlightRecord, dump: Dump) -> None:
         """Sinks that show dumps (MLflow's tags) hear of each; a sink's failure is logged."""
