@@ -15,6 +15,8 @@ Routes (under /data/plugin/mltrace):
     /histograms?run=R&tensor=T&mode=M[&worker=W][&bins=30][&max_steps=N]
     /value?run=R&tensor=T&step=S&mode=M[&worker=W]
     /collections?run=R, /rules?run=R
+    /diagnosis?run=R[&worker=W]  the trial's stored diagnosis, else one computed (cached, never
+                            written into the trial): the overview marks its onset and origin
 
 Steps: every answer gives global steps (the x axis of every chart, the TensorBoard export's and
 the rules'), and mode steps beside them (``steps`` of a mode, ``start_modes``, ``mode_step``).
@@ -40,7 +42,7 @@ from mltrace.exceptions import MltraceError, MltraceValueError
 from mltrace.modes import ModeKeys
 from mltrace.trials import Trial, create_trial
 
-from . import discovery, metadata, overview, rules_view, views
+from . import diagnosis_view, discovery, metadata, overview, rules_view, views
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +55,7 @@ MAX_BINS = 200
 
 
 class MltracePlugin(base_plugin.TBPlugin):
-    """Tensors, Collections and Rules panels over mltrace trials.
+    """Overview (with the diagnosis), Tensors, Collections and Rules panels over mltrace trials.
 
     Args:
         context: TensorBoard's TBContext (logdir, data_provider; each may be None).
@@ -75,6 +77,7 @@ class MltracePlugin(base_plugin.TBPlugin):
         self._trials: dict[str, tuple[Trial, threading.RLock]] = {}
         self._cache = views.SeriesCache()
         self._statistics = heatmap.StatisticCache()
+        self._diagnoses = diagnosis_view.DiagnosisCache()
         self._static = frozenset(n for n in os.listdir(STATIC_DIR)
                                  if os.path.splitext(n)[1] in _CONTENT_TYPES)
 
@@ -91,6 +94,7 @@ class MltracePlugin(base_plugin.TBPlugin):
             "/value": self._value_route,
             "/collections": self._collections_route,
             "/rules": self._rules_route,
+            "/diagnosis": self._diagnosis_route,
         }
         # Each route takes the request; werkzeug makes it a WSGI application.
         return {path: wrappers.Request.application(route) for path, route in routes.items()}
@@ -211,6 +215,10 @@ class MltracePlugin(base_plugin.TBPlugin):
         with lock:
             return rules_view.rules(trial, self._mlflow_uri)
 
+    def diagnosis_impl(self, run: str, worker: str | None = None) -> dict[str, Any]:
+        trial, lock = self.trial(run)
+        return diagnosis_view.diagnosis(trial, lock, self._diagnoses, worker)
+
     @staticmethod
     def _check_tensor(trial: Trial, tensor: str, worker: str | None, required: bool = True) -> None:
         if not isinstance(tensor, str) or not tensor:
@@ -280,6 +288,10 @@ class MltracePlugin(base_plugin.TBPlugin):
 
     def _rules_route(self, request: wrappers.Request) -> wrappers.Response:
         return self._json(request, lambda: self.rules_impl(_arg(request, "run")))
+
+    def _diagnosis_route(self, request: wrappers.Request) -> wrappers.Response:
+        return self._json(request, lambda: self.diagnosis_impl(
+            _arg(request, "run"), request.args.get("worker") or None))
 
     def _index_js_route(self, request: wrappers.Request) -> wrappers.Response:
         return self._serve_file(request, "index.js")

@@ -1,7 +1,8 @@
 // mltrace tab: one tensor in detail. Its statistics over global steps for every selected run (and
 // worker) overlaid in one uPlot chart (hover values, drag to zoom, double-click to reset, log scale
 // that keeps zeros), histograms of its saved values side by side per run and worker, and its values
-// at a chosen step in a table that scrolls.
+// at a chosen step in a table that scrolls. Opened at a step (the diagnosis' origin links), the
+// chart marks that step and the table shows the values there.
 
 import uPlot from "./uPlot.esm.js";
 import {clear, el, getJSON, note, svgEl} from "./dom.js";
@@ -58,6 +59,10 @@ export async function detailPanel(ctx) {
     return;
   }
   const chartBox = el("section", {class: "mt-chart-section"}, el("div", {class: "mt-note"}, "Loading…"));
+  if (Number.isInteger(s.step)) {
+    ctx.root.append(el("div", {class: "mt-note mt-marked-step", id: "mt-marked-step", "data-step": s.step},
+      `Global step ${s.step} is marked (opened from the diagnosis).`));
+  }
   const histBox = el("section", {}, el("h3", {}, "Histograms of the saved values"));
   const tableBox = el("section", {}, el("h3", {}, "Values at a step"));
   ctx.root.append(chartBox, histBox, tableBox);
@@ -116,9 +121,10 @@ function drawChart(ctx, answer, stats, box) {
     legend: {live: true},
     hooks: {setScale: [(u, key) => {
       if (key === "x") plot.dataset.xrange = JSON.stringify([u.scales.x.min, u.scales.x.max]);
-    }]},
+    }], draw: [(u) => markStep(u, s.step)]},
   };
   plot.dataset.log = s.logY ? "1" : "0";
+  if (Number.isInteger(s.step)) plot.dataset.markedStep = String(s.step);
   const chart = new uPlot(opts, [al.x, ...al.ys], plot);
   plot.dataset.points = String(al.ys.reduce((n, y) => n + y.filter((v) => v !== null).length, 0));
   plot.dataset.lines = String(lines.length);
@@ -133,6 +139,22 @@ function drawChart(ctx, answer, stats, box) {
   box.append(el("div", {class: "mt-note"}, "Drag across the chart to zoom, double-click to zoom out." +
     (s.logY && al.onFloor ? ` Log scale: ${al.onFloor} values (zero or negative) sit on the line marked ≤0 (${fmt(al.floor)}).` : "")));
   return chart;
+}
+
+/** A dashed line at global step `step` over the chart (nothing when null or out of view). */
+function markStep(u, step) {
+  if (!Number.isInteger(step) || step < u.scales.x.min || step > u.scales.x.max) return;
+  const x = Math.round(u.valToPos(step, "x", true));
+  const g = u.ctx;
+  g.save();
+  g.strokeStyle = "#e65100";
+  g.lineWidth = 2;
+  g.setLineDash([5, 4]);
+  g.beginPath();
+  g.moveTo(x, u.bbox.top);
+  g.lineTo(x, u.bbox.top + u.bbox.height);
+  g.stroke();
+  g.restore();
 }
 
 async function drawHistograms(ctx, answer, box) {
@@ -228,6 +250,8 @@ function drawValues(ctx, answer, box) {
   };
   runSel.addEventListener("change", fill);
   fill();
+  const marked = Number.isInteger(ctx.state.step) && [...stepSel.options].some((o) => o.value === String(ctx.state.step));
+  if (marked) stepSel.value = String(ctx.state.step);
   const out = el("div", {class: "mt-values"});
   const show = el("button", {id: "mt-show-values", on: {click: async () => {
     note(out, "Loading…");
@@ -241,6 +265,7 @@ function drawValues(ctx, answer, box) {
   }}}, "Show values");
   box.append(el("div", {class: "mt-controls"}, runs.length > 1 ? runSel : el("span", {}, runs[0].run),
     " global step ", stepSel, workerSel, show), out);
+  if (marked) show.click();  // opened at a step: its values at once
 }
 
 function valueTable(v) {

@@ -25,6 +25,7 @@ const POLL_MS = 5000;
 const state = {
   panel: "overview", runs: [], selected: new Set(), overviewRun: "", collection: null, statistic: "l2",
   overviewMode: "", overviewWorker: "", filter: "", tensor: "", statistics: null, perWorker: false, logY: false, maxPoints: "",
+  step: null,  // a global step the detail view marks and opens its values at (the diagnosis' links)
 };
 const info = new Map();  // run -> its latest /run answer (refreshed by every poll; never kept as is)
 const ui = {};
@@ -165,7 +166,7 @@ function showPanel(panel) {
     alive: () => gen === generation && !controller.signal.aborted,
     reload: () => showPanel(panel),
     redraw: () => showPanel(panel),
-    openDetail: (tensor) => { state.tensor = tensor; showPanel("tensor"); },
+    openDetail: (tensor, step = null) => { state.tensor = tensor; state.step = step; showPanel("tensor"); },
   };
   PANELS[panel][1](ctx).catch((err) => {
     if (isAbort(err) || !ctx.alive()) return;

@@ -1,8 +1,11 @@
 // mltrace tab: the model overview. Every tensor of a collection is a row, buckets of global steps
 // are columns, one statistic is the colour (log scale; zero, NaN and infinities have colours of
-// their own). Rule findings are marked; a click on a row opens the tensor's detail view.
+// their own). Rule findings are marked; a click on a row opens the tensor's detail view. The
+// diagnosis (diagnosis.js) is shown above it, its onset step and origin tensor marked on it.
 
-import {clear, el, getJSON, note} from "./dom.js";
+import {clear, el, getJSON, isAbort, note} from "./dom.js";
+import {loadDiagnosis, markHeatmap} from "./diagnosis.js";
+import {diagnosisMarks} from "./diagnosis_data.js";
 import {
   COLORS, cellColor, columnLabel, filterNames, findingMarks, fmt, logDomain, nonfiniteByColumn, viridis,
 } from "./data.js";
@@ -33,7 +36,7 @@ function controls(ctx, answer, redraw) {
     el("label", {}, "Mode ", modeSel), answer.workers.length > 1 ? el("label", {}, "Worker ", workerSel) : null, filter);
 }
 
-function legend(domain, statistic) {
+function legend(domain, statistic, diagnosed) {
   const bar = el("canvas", {width: 240, height: 10, class: "mt-colorbar"});
   const g = bar.getContext("2d");
   for (let i = 0; i < 240; i++) { g.fillStyle = viridis(i / 239); g.fillRect(i, 0, 1, 10); }
@@ -44,7 +47,8 @@ function legend(domain, statistic) {
     el("span", {}, `${statistic} (bucket maximum, log scale) `),
     domain ? el("span", {class: "mt-legend-item"}, `1e${a} `, bar, ` 1e${b}`) : el("span", {}, "no positive value"),
     swatch(COLORS.zero, "0"), swatch(COLORS.nan, "NaN"), swatch(COLORS.inf, "±inf"),
-    swatch(COLORS.empty, "not saved"), el("span", {class: "mt-legend-item mt-finding-key"}, "▼ rule fired"));
+    swatch(COLORS.empty, "not saved"), el("span", {class: "mt-legend-item mt-finding-key"}, "▼ rule fired"),
+    diagnosed ? el("span", {class: "mt-legend-item mt-onset-key"}, "┆ onset, ▭ origin (diagnosis)") : null);
 }
 
 /** Draws the overview of one run into ctx.root. */
@@ -53,7 +57,8 @@ export async function overviewPanel(ctx) {
   const run = s.selected.has(s.overviewRun) ? s.overviewRun : [...s.selected][0];
   const box = el("div", {class: "mt-ov-box"});
   const head = el("div");
-  ctx.root.append(head, box);
+  const diagBox = el("div", {class: "mt-diag-box"});
+  ctx.root.append(head, diagBox, box);
   note(box, "Loading the overview…");
   const width = Math.max(300, (ctx.root.clientWidth || 1000) - LABEL_W - 40);
   // a collection chosen for another run that this one lacks: this run's default
@@ -66,12 +71,22 @@ export async function overviewPanel(ctx) {
   let answer = await ask();
   if (!ctx.alive()) return;
   s.collection = answer.collection;
+  let report = null;
   const draw = () => {
     clear(box);
-    drawOverview(ctx, answer, box);
+    drawOverview(ctx, answer, box, report);
   };
   clear(head).append(controls(ctx, answer, draw));
   draw();
+  // The diagnosis comes after the first picture (computing one reads the whole trial).
+  const members = new Set(answer.rows.map((r) => r.tensor));
+  const diagnosed = loadDiagnosis(ctx, run, worker, diagBox, {
+    shown: (t) => members.has(t), collections: known,
+    showCollection: (c) => { s.collection = c; s.filter = ""; ctx.reload(); },
+  }).then((got) => {
+    report = got ? got.diagnosis : null;
+    if (report && ctx.alive()) draw();
+  }, (err) => { if (!isAbort(err)) throw err; });
   // A first look at a long run answers within a second with the steps read so far (coarse
   // first); ask again until every step is in.
   while (!answer.complete) {
@@ -79,9 +94,10 @@ export async function overviewPanel(ctx) {
     if (!ctx.alive()) return;
     draw();
   }
+  await diagnosed;
 }
 
-function drawOverview(ctx, answer, box) {
+function drawOverview(ctx, answer, box, report) {
   const rows = answer.rows.filter((r) => filterNames([r.tensor], ctx.state.filter).length);
   const cols = answer.starts.length;
   const info = el("div", {class: "mt-note", id: "mt-ov-info"},
@@ -96,7 +112,7 @@ function drawOverview(ctx, answer, box) {
     return;
   }
   const domain = logDomain(rows);
-  box.append(legend(domain, answer.statistic));
+  box.append(legend(domain, answer.statistic, Boolean(report && report.found)));
   const marks = findingMarks(answer);
   const rowH = rows.length <= 60 ? 14 : Math.max(3, Math.floor(900 / rows.length));
   const plotW = Math.max(300, (box.clientWidth || 1000) - LABEL_W - 10);
@@ -146,6 +162,9 @@ function drawOverview(ctx, answer, box) {
     g.beginPath(); g.moveTo(x - 5, 1); g.lineTo(x + 5, 1); g.lineTo(x, STRIP_H - 1); g.fill();
   }
   canvas.dataset.kinds = JSON.stringify(kinds);
+  const diag = diagnosisMarks(answer, rows, report);
+  markHeatmap(diag, {grid, canvas, labels, labelW: LABEL_W, stripH: STRIP_H, rowH, cellW, height: H,
+    open: (tensor) => ctx.openDetail(tensor, diag.onset)});
   const tip = el("div", {class: "mt-tip", id: "mt-ov-tip"}, "Point at a cell for its values; click a row for its detail.");
   const cellAt = (ev) => {
     const rect = canvas.getBoundingClientRect();
@@ -159,7 +178,8 @@ function drawOverview(ctx, answer, box) {
     const {c, i, strip} = cellAt(ev);
     if (strip) {
       const fired = marks.cols.get(c);
-      tip.textContent = `${columnLabel(answer, c)}${fired ? `: ${fired.join(", ")} fired` : ""}`;
+      const onset = c === diag.onsetColumn ? ` — the diagnosis' onset (step ${diag.onset})` : "";
+      tip.textContent = `${columnLabel(answer, c)}${fired ? `: ${fired.join(", ")} fired` : ""}${onset}`;
       return;
     }
     const r = rows[i];
