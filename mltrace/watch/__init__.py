@@ -2,7 +2,8 @@
 
 One concept per module: ``spec`` (RULES.json), ``discovery`` (trials as they appear),
 ``selection`` (which rules apply to a trial), ``state`` (what finished, kept in the trials),
-``execution`` (one rule on one trial), ``executors`` (local process pool) and ``ray_executor``
+``execution`` (one rule on one trial), ``diagnosis`` (a trial that broke, diagnosed once after
+its rules), ``executors`` (local process pool) and ``ray_executor``
 (Ray cluster), ``scheduling`` (the cap and retries), ``service`` (the loop), ``command`` (CLI).
 """
 

@@ -39,6 +39,10 @@ def add_command(subparsers: Any) -> None:
                        help="seconds between looks for new trials (default 5)")
     watch.add_argument("--trial-wait", type=float, default=30.0,
                        help="seconds a rule waits for a new trial's first files (default 30)")
+    watch.add_argument("--no-diagnose", dest="diagnose", action="store_false",
+                       help="do not diagnose a trial that shows trouble (a flight-recorder dump, "
+                            "a rule that fired) after its rules ran (default: diagnose it once, "
+                            "into its mltrace_diagnosis/, the log and MLflow)")
     watch.add_argument("--exit-when-done", action="store_true",
                        help="exit once every trial found has ended and its rules are done")
     watch.add_argument("--log-level", default="INFO", help="default INFO")
@@ -56,13 +60,14 @@ def _run(args: argparse.Namespace) -> int:
     rules = load_watch_rules(args.rules)  # every mistake in RULES.json before anything starts
     executor = create_executor(args.ray_address, args.max_concurrent, args.ray_num_cpus)
     watcher = Watcher(args.location, rules, Scheduler(executor, args.max_concurrent),
-                      poll_interval=args.poll_interval, trial_wait=args.trial_wait)
+                      poll_interval=args.poll_interval, trial_wait=args.trial_wait,
+                      diagnose=args.diagnose)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    log.info("watching %s with %d rules (%s) on %s, at most %d at once", args.location,
+    log.info("watching %s with %d rules (%s) on %s, at most %d at once%s", args.location,
              len(rules), ", ".join(r.key for r in rules), executor.description,
-             args.max_concurrent)
+             args.max_concurrent, "" if args.diagnose else "; no diagnoses")
     stats = watcher.run(exit_when_done=args.exit_when_done, stop=stop)
     failed = sum(o.status == "failed" for o in stats.outcomes)
     log.info("stopped: %d trials, %d rule executions ended (%d failed)", stats.trials,

@@ -2,10 +2,11 @@
 
 ``run_execution`` opens the trial, builds the rule and runs ``invoke_rule`` with no end step, so
 it follows the trial while it trains and returns when training ends (the live path of the rule
-CLI). The MLflow listener gets the execution key, so that a run an earlier, interrupted attempt
-created is resumed rather than duplicated. It never raises: a rule that crashes, a trial that
-cannot be opened or disappears is an Outcome (and, for a crash, a FAILED MLflow run with the
-traceback as an artifact), so that one bad rule never stops the others.
+CLI); then, with ``diagnose``, a trial that shows trouble is diagnosed where it was read
+(mltrace.watch.diagnosis). The MLflow listener gets the execution key, so that a run an earlier,
+interrupted attempt created is resumed rather than duplicated. It never raises: a rule that
+crashes, a trial that cannot be opened or disappears is an Outcome (and, for a crash, a FAILED
+MLflow run with the traceback as an artifact), so that one bad rule never stops the others.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from mltrace.exceptions import NoMoreData
 from mltrace.format import paths
 from mltrace.rules import results
 from mltrace.watch import state
+from mltrace.watch.diagnosis import diagnose_trouble
 from mltrace.watch.spec import WatchRule
 
 logger = logging.getLogger(__name__)
@@ -37,12 +39,15 @@ class Execution:
         rule: the configured rule.
         trial_wait: seconds to wait for the trial's first files.
         deletion_check: seconds between checks that the trial still exists.
+        diagnose: after the rule, diagnose the trial if it shows trouble
+            (mltrace.watch.diagnosis; ``mltrace watch --no-diagnose`` turns it off).
     """
 
     trial: str
     rule: WatchRule
     trial_wait: float = 30.0
     deletion_check: float = 5.0
+    diagnose: bool = True
 
     @property
     def key(self) -> str:
@@ -154,5 +159,7 @@ def run_execution(execution: Execution) -> state.Outcome:
         outcome.take_findings(result)
     outcome.ended = time.time()
     if outcome.status in (state.FINISHED, state.FAILED):  # never a deleted trial's folder back
+        if execution.diagnose:  # before the record: a watcher killed meanwhile runs it again
+            outcome.diagnosis = diagnose_trouble(trial, result)
         state.record(outcome, trial.storage)
     return outcome

@@ -56,11 +56,14 @@ class Watcher:
         poll_interval: seconds between polls.
         trial_wait, deletion_check: see mltrace.watch.execution.Execution.
         max_scan_failures: polls in a row that may fail to list ``location`` before run() gives up.
+        diagnose: diagnose a trial that shows trouble after its rules ran
+            (mltrace.watch.diagnosis; ``--no-diagnose`` makes it False).
     """
 
     def __init__(self, location: str, rules: Sequence[WatchRule], scheduler: Scheduler,
                  poll_interval: float = 5.0, trial_wait: float = 30.0,
-                 deletion_check: float = 5.0, max_scan_failures: int = 60) -> None:
+                 deletion_check: float = 5.0, max_scan_failures: int = 60,
+                 diagnose: bool = True) -> None:
         self.location = location
         self.rules = list(rules)
         self.scheduler = scheduler
@@ -68,6 +71,7 @@ class Watcher:
         self.trial_wait = trial_wait
         self.deletion_check = deletion_check
         self.max_scan_failures = max_scan_failures
+        self.diagnose = diagnose
         self.storages = StorageCache()
         self.finder = TrialFinder(location, storages=self.storages)
         self.tags = TagSource(self.storages)
@@ -135,7 +139,7 @@ class Watcher:
             if live is None:
                 live = not self.storages.get(ts.trial.location).exists(paths.END_OF_JOB_MARKER)
             self.scheduler.add(Execution(ts.trial.location, rule, self.trial_wait,
-                                         self.deletion_check), live=live)
+                                         self.deletion_check, self.diagnose), live=live)
             self.stats.started += 1
 
     def _report(self, outcome: state.Outcome) -> None:
@@ -152,9 +156,10 @@ class Watcher:
                 del self._trials[rel]
             return
         level = logging.INFO if outcome.status == state.FINISHED else logging.ERROR
-        logger.log(level, "%s on %s: %s (%s; %d steps, fired at %d; MLflow run %s)%s",
+        logger.log(level, "%s on %s: %s (%s; %d steps, fired at %d; MLflow run %s%s)%s",
                    outcome.rule, outcome.trial, outcome.status, outcome.rule_status,
                    outcome.evaluated_steps, len(outcome.fired_steps), outcome.mlflow_run_id,
+                   f"; diagnosis: {outcome.diagnosis}" if outcome.diagnosis else "",
                    f": {outcome.error}" if outcome.error else "")
 
     def done(self) -> bool:

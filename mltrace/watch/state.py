@@ -40,6 +40,9 @@ class Outcome(RuleFindings):
     started: float = 0.0
     ended: float = 0.0
     host: str = ""
+    #: what the diagnosis after the rule did (mltrace.watch.diagnosis: "published", "up to
+    #: date", ...); None when it did not run (``--no-diagnose``, a trial deleted or unreadable)
+    diagnosis: str | None = None
 
     def to_json(self) -> str:
         """The outcome as JSON text."""

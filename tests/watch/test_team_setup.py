@@ -254,7 +254,7 @@ def test_watch_on_ray_while_jobs_train(team, ray_cluster, tmp_path):
 
 def test_watch_through_ray_client(ray_cluster, tmp_path):
     """``--ray-address ray://HOST:PORT`` (Ray Client): executions run in the cluster's worker
-    processes, not in the watcher's."""
+    processes, not in the watcher's, and so does the diagnosis of the trial whose rule fired."""
     import numpy as np
 
     from mltrace.watch import parse_watch_rules
@@ -274,3 +274,12 @@ def test_watch_through_ray_client(ray_cluster, tmp_path):
     assert {k: o.rule_status for k, o in found.items()} == {"ok": "NoIssuesFound",
                                                             "vanishing": "IssuesFound"}
     assert all(not o.host.endswith(f":{os.getpid()}") for o in stats.outcomes)
+    # The rule that fired is trouble: the trial is diagnosed on the cluster, where it was read.
+    from mltrace.diagnosis.stored import read_reports
+    from mltrace.storage import open_storage
+
+    assert {k: o.diagnosis for k, o in found.items()} == {"ok": "no trouble",
+                                                          "vanishing": "published"}
+    [report] = read_reports(open_storage(str(tmp_path / "jobs" / "vanishing")))
+    assert report["worker"] == "worker_0" and report["steps"]["last"] == 3
+    assert not (tmp_path / "jobs" / "ok" / "mltrace_diagnosis").exists()
