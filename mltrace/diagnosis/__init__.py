@@ -22,16 +22,21 @@ if TYPE_CHECKING:
     from mltrace.trials import Trial
 
 
-def diagnose(trial: Trial, step: int | None = None, method: Method | None = None) -> Diagnosis:
+def diagnose(trial: Trial, step: int | None = None, method: Method | None = None,
+             worker: str | None = None) -> Diagnosis:
     """Diagnose ``trial``: the first anomaly (or ``step``), its onset, origin and cause.
 
     Args:
         trial: an open trial (``create_trial``); read, never written.
         step: the global step to explain instead of the first anomaly.
         method: the thresholds (default: :class:`Method`'s).
+        worker: the worker whose tensors to read (default: the trial's first).
+
+    Raises:
+        MltraceValueError: the trial has no worker ``worker``.
     """
     method = method or Method()
-    table = read_table(trial)
+    table = read_table(trial, worker=worker)
     steps = table.steps
     span = (len(steps), int(steps[0]) if len(steps) else -1, int(steps[-1]) if len(steps) else -1)
     report = Diagnosis(trial.path, table.worker, method, span,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 EPILOG = """examples:
@@ -26,14 +27,20 @@ def add_command(subparsers: Any) -> None:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     cmd.add_argument("trial", help="the hook's out_dir (local path or s3://...)")
     cmd.add_argument("--step", type=int, help="explain this global step instead of the first anomaly")
+    cmd.add_argument("--worker", help="the worker whose tensors to read (default: the trial's first)")
     cmd.add_argument("--json", action="store_true", help="print the report as JSON (schema mltrace.diagnosis/1)")
     cmd.set_defaults(run=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     from mltrace.diagnosis import diagnose
+    from mltrace.exceptions import MltraceValueError
     from mltrace.trials import create_trial
 
-    report = diagnose(create_trial(args.trial, timeout=0), args.step)
+    try:
+        report = diagnose(create_trial(args.trial, timeout=0), args.step, worker=args.worker)
+    except MltraceValueError as exc:
+        print(f"mltrace diagnose: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(report.to_dict(), indent=1) if args.json else report.to_text())
     return 0

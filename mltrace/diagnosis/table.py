@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mltrace.exceptions import MltraceValueError
 from mltrace.stability.signals import layer_of, parse_signal
 
 if TYPE_CHECKING:
@@ -125,12 +126,19 @@ def phase_of(name: str, losses: Iterable[str], gradients: Iterable[str], weights
     return "other"
 
 
-def read_table(trial: Trial, tensors: Sequence[str] | None = None) -> SignalTable:
+def read_table(trial: Trial, tensors: Sequence[str] | None = None, worker: str | None = None) -> SignalTable:
     """Read ``tensors`` (default: every tensor of the trial) as a SignalTable over the trial's
-    global steps, for its first worker."""
+    global steps, for ``worker`` (default: its first worker).
+
+    Raises:
+        MltraceValueError: the trial has no worker ``worker`` (the message lists its workers).
+    """
     trial.maybe_refresh()
     workers = trial.workers()
-    worker = workers[0] if workers else None
+    if worker is not None and worker not in workers:
+        raise MltraceValueError(f"trial {trial.path} has no worker {worker!r}; its workers: "
+                                f"{', '.join(workers) or 'none yet'}")
+    worker = worker or (workers[0] if workers else None)
     steps = np.asarray(sorted(trial.steps()), dtype=np.int64)
     names = sorted(tensors if tensors is not None else trial.tensor_names())
     losses = _members(trial, "losses")

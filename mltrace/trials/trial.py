@@ -124,12 +124,13 @@ class Trial(StepQueries, NameQueries, RecordReads):
         """Tensor objects of the tensors that belong to a collection."""
         return [self.tensor(n) for n in self.tensor_names(collection=coll)]
 
-    def diagnose(self, step: int | None = None) -> Diagnosis:
+    def diagnose(self, step: int | None = None, worker: str | None = None) -> Diagnosis:
         """Why the run broke: the first anomaly (or ``step``), where it began and its likely
-        cause, with the evidence (mltrace.diagnosis; ``mltrace diagnose`` prints the same)."""
+        cause, with the evidence, from ``worker``'s tensors (default: the first worker's;
+        mltrace.diagnosis; ``mltrace diagnose`` prints the same)."""
         from mltrace.diagnosis import diagnose
 
-        return diagnose(self, step)
+        return diagnose(self, step, worker=worker)
 
     def __repr__(self) -> str:
         return f"<Trial {self.name!r} at {self.path!r}: {len(self._index.step_workers)} steps>"

@@ -18,6 +18,7 @@ from torch.nn import functional as F
 import mltrace.pytorch as smd
 from mltrace.cli import main as cli
 from mltrace.diagnosis import SCHEMA, diagnose
+from mltrace.exceptions import MltraceValueError
 from mltrace.trials import create_trial
 from tests.support.stability_models import TokenLoss
 
@@ -289,3 +290,12 @@ def test_a_poisoned_batch_is_found_by_its_per_sample_losses_and_fingerprint(tmp_
     model_name = next(n for n in create_trial(out).tensor_names() if n.endswith("/fingerprint"))
     saved = create_trial(out).tensor(model_name).value(AT)
     assert [s for s, (x, _) in enumerate(_batches()) if (smd.fingerprint(x) == saved).all()] == [AT]
+
+
+def test_a_worker_is_chosen_by_name(trials, capsys):
+    report = create_trial(trials["lr_spike"]).diagnose(worker="worker_0")
+    assert report.worker == "worker_0" and report.onset == AT
+    with pytest.raises(MltraceValueError, match="no worker 'worker_7'.*worker_0"):
+        diagnose(create_trial(trials["lr_spike"]), worker="worker_7")
+    assert cli(["diagnose", trials["lr_spike"], "--worker", "worker_7"]) == 2
+    assert "no worker 'worker_7'" in capsys.readouterr().err
