@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 
 from mltrace.exceptions import MltraceValueError
@@ -174,10 +175,16 @@ def run_cli(args: argparse.Namespace) -> int:
     return run_child(command, {**os.environ, **launch.env})
 
 
+#: Seconds TensorBoard gets to stop after a signal was passed on, before SIGTERM, then as many
+#: before SIGKILL (TensorBoard busy loading a trial can miss a SIGINT).
+STOP_GRACE = 10.0
+
+
 def run_child(command: list[str], env: dict[str, str]) -> int:
     """Run TensorBoard as a child and wait for it; SIGTERM, SIGINT and SIGHUP sent to this process
     are passed on to it, so that stopping ``mltrace tensorboard`` stops TensorBoard and frees its
-    port (instead of leaving an orphan behind). On Linux the child also gets SIGTERM if this
+    port (instead of leaving an orphan behind); one that still runs STOP_GRACE seconds later gets
+    SIGTERM, then SIGKILL. On Linux the child also gets SIGTERM if this
     process dies without forwarding (SIGKILL). Returns the child's exit code (0 when TensorBoard
     shut down cleanly on the signal; 128 + signal number when the signal killed it, as a shell
     reports it)."""
@@ -191,13 +198,26 @@ def run_child(command: list[str], env: dict[str, str]) -> int:
 
     wanted = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP]
     previous = {s: signal.signal(s, forward) for s in wanted}
+    escalation = [signal.SIGTERM, signal.SIGKILL]
+    deadline: float | None = None
     try:
-        while True:
+        while True:  # short waits: a blocking one resumes after the handler, deaf to the grace
             try:
-                code = proc.wait()
+                code = proc.wait(0.25)
                 break
             except KeyboardInterrupt:  # a handler that was not ours ran: pass it on and wait
                 forward(signal.SIGINT, None)
+            except subprocess.TimeoutExpired:
+                if not forwarded or not escalation:
+                    continue
+                if deadline is None:
+                    deadline = time.monotonic() + STOP_GRACE
+                elif time.monotonic() >= deadline:  # asked to stop and still running: insist
+                    sig = escalation.pop(0)
+                    logger.warning("mltrace tensorboard: TensorBoard did not stop within %g s of signal "
+                                   "%d; sending %s", STOP_GRACE, forwarded[0], sig.name)
+                    proc.send_signal(sig)
+                    deadline = time.monotonic() + STOP_GRACE
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -119,8 +119,8 @@ def test_tensorboard_stops_with_its_command(tmp_path, sig):
         children = psutil.Process(proc.pid).children(recursive=True)
         assert children, "mltrace tensorboard runs TensorBoard as a child"
         proc.send_signal(sig)  # to the command only, as `kill PID` or Ctrl-C in a shell
-        code = proc.wait(30)
-        assert code in (0, 128 + sig)  # TensorBoard shuts down cleanly on either
+        code = proc.wait(60)  # within STOP_GRACE, or SIGTERM 10 s later (a loaded machine)
+        assert code in (0, 128 + sig, 128 + signal.SIGTERM)
         gone, alive = psutil.wait_procs(children, timeout=15)
         assert not alive, f"left behind: {alive}"
         assert _port_free(port)
@@ -129,3 +129,30 @@ def test_tensorboard_stops_with_its_command(tmp_path, sig):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.close()
+
+
+IGNORES_SIGINT = ("import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                  "print('ready', flush=True); time.sleep(120)")
+
+
+@pytest.mark.slow
+def test_a_child_that_ignores_the_signal_gets_sigterm_after_the_grace(tmp_path):
+    """run_child passes SIGINT on; a child still running STOP_GRACE seconds later gets SIGTERM
+    (TensorBoard busy loading can miss a SIGINT): the command never hangs on Ctrl-C."""
+    script = ("import os, sys; from mltrace_tb import launch; launch.STOP_GRACE = 2.0; "
+              f"sys.exit(launch.run_child([sys.executable, '-c', {IGNORES_SIGINT!r}], dict(os.environ)))")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        child = psutil.Process(proc.pid).children()[0]
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 128 + signal.SIGTERM
+        assert 1.5 < time.monotonic() - started < 20
+        assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+        assert "did not stop within 2 s of signal 2; sending SIGTERM" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
