@@ -14,6 +14,7 @@ origin is every such tensor ranked by that step, then by its place in the step's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -150,22 +151,20 @@ def _reached_training(table: SignalTable, scores: Scores, method: Method, row: i
 def _jumps(table: SignalTable, scores: Scores, method: Method) -> list[Anomaly]:
     """The first step where a module output's largest or L2 magnitude jumped ``jump_ratio``
     times its window's median (robust z >= z_anomaly) from a normal value the step before."""
-    best: tuple[int, tuple[int, int], str] | None = None
-    for name, track in table.tracks.items():
+
+    def first_jump(name: str, track: Track) -> int | None:
         if not (name.startswith("activations/") and name.endswith(("/abs_max", "/l2"))):
-            continue
+            return None
         z, median, out = scores.z[name], scores.median[name], scores.out[name]
         with np.errstate(invalid="ignore"):
             jumped = (z >= method.z_anomaly) & (track.values >= method.jump_ratio * median)
         jumped[1:] &= ~out[:-1]
-        rows = np.flatnonzero(jumped)
-        if rows.size:
-            key = (int(rows[0]), track.order, name)
-            if best is None or key < best:
-                best = key
-    if best is None:
+        return _first(jumped)
+
+    found = _earliest(table, first_jump)
+    if found is None:
         return []
-    row, name = best[0], best[2]
+    row, name = found
     ratio = table.tracks[name].values[row] / scores.median[name][row]
     return [Anomaly(int(table.steps[row]), "jump", name,
                     f"{name} jumped to {ratio:.3g} times the median of the {method.window} steps before")]
@@ -224,13 +223,24 @@ def _stale_moments(table: SignalTable, scores: Scores, method: Method) -> list[A
 
 def _first_nonfinite(table: SignalTable) -> tuple[int, str] | None:
     """The row and track of the first non-finite value, in execution order within the row."""
+    return _earliest(table, lambda name, track: _first(track.nonfinite))
+
+
+def _first(mask: np.ndarray) -> int | None:
+    """The first row where ``mask`` holds, or None."""
+    rows = np.flatnonzero(mask)
+    return int(rows[0]) if rows.size else None
+
+
+def _earliest(table: SignalTable, first_row: Callable[[str, Track], int | None]) -> tuple[int, str] | None:
+    """The (row, track) where ``first_row(name, track)`` is earliest over every track, ties
+    going to the track first in the step's execution order (then by name); None if no track has
+    one."""
     best: tuple[int, tuple[int, int], str] | None = None
     for name, track in table.tracks.items():
-        rows = np.flatnonzero(track.nonfinite)
-        if rows.size:
-            key = (int(rows[0]), track.order, name)
-            if best is None or key < best:
-                best = key
+        row = first_row(name, track)
+        if row is not None and (best is None or (row, track.order, name) < best):
+            best = (row, track.order, name)
     return None if best is None else (best[0], best[2])
 
 
@@ -238,12 +248,12 @@ def _first_sustained(table: SignalTable, scores: Scores, method: Method) -> tupl
     """The earliest row from which a signal of SUSTAINED (or the loss) stays out of its window
     ``sustain`` steps in a row, the way that matters, by ``z_anomaly`` and ``sustain_relative``
     of its median; and its track."""
-    best: tuple[int, tuple[int, int], str] | None = None
     k = method.sustain
-    for name, track in table.tracks.items():
+
+    def first_run(name: str, track: Track) -> int | None:
         judged = sustained_direction(name, table.losses)
         if judged is None:
-            continue
+            return None
         direction, floor = judged
         z, median = scores.z[name], scores.median[name]
         with np.errstate(invalid="ignore"):
@@ -252,17 +262,15 @@ def _first_sustained(table: SignalTable, scores: Scores, method: Method) -> tupl
             # with it has a wide spread, and a small z (an attention logit x1.03 a step)
             far = (moved if floor else moved & (np.abs(z) >= method.z_anomaly)) & ~track.nonfinite
             far &= np.abs(track.values) >= floor
+        rows = []
         for sign in ((1, -1) if direction == 0 else (direction,)):
             same = far & (np.sign(z) == sign)
-            if same.sum() < k:
-                continue
-            runs = np.convolve(same.astype(np.int32), np.ones(k, dtype=np.int32), mode="valid")
-            rows = np.flatnonzero(runs == k)
-            if rows.size:
-                key = (int(rows[0]), track.order, name)
-                if best is None or key < best:
-                    best = key
-    return None if best is None else (best[0], best[2])
+            if same.sum() >= k:
+                row = _first(np.convolve(same.astype(np.int32), np.ones(k, dtype=np.int32), mode="valid") == k)
+                rows += [row] if row is not None else []
+        return min(rows) if rows else None
+
+    return _earliest(table, first_run)
 
 
 def departures(table: SignalTable, scores: Scores, method: Method, anomaly_step: int,
