@@ -5,6 +5,12 @@ findings to mark on it. JSON-ready dicts; no HTTP here.
 A cell is ``low``/``high`` (finite minimum and maximum of the bucket, null when it has none),
 ``count`` (saved steps in it); non-finite values are listed apart per row as
 ``[column, nan, +inf, -inf]`` so that none is ever lost to a bucket.
+
+Rows come in model order (``mltrace.analysis.order.model_order``: the order the model ran its
+layers), in sections of one kind each (``kind``: gradients, weights, ...; the tab gives each its
+own colour scale), each row with its layer (``group``: ``h.0``, ``Sequential_3``) for the tab to
+group rows by. ``normalize`` turns values into ratios that show change (per row, relative to
+the first step, step to step: ``mltrace.analysis.normalize``).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from mltrace import analysis
-from mltrace.analysis import heatmap
+from mltrace.analysis import heatmap, layers, normalize, order
 from mltrace.exceptions import MltraceValueError
 from mltrace.modes import ModeKeys
 from mltrace.trials import Trial
@@ -67,10 +73,12 @@ def _floats(arr: np.ndarray) -> list[float | None]:
     return out
 
 
-def _row(row: heatmap.HeatmapRow) -> dict[str, Any]:
+def _row(row: heatmap.HeatmapRow, kind: str) -> dict[str, Any]:
     bad = np.flatnonzero(row.nan + row.posinf + row.neginf)
     return {
         "tensor": row.tensor,
+        "kind": kind,
+        "group": layers.layer_of(row.tensor),
         "low": _floats(row.low),
         "high": _floats(row.high),
         "count": row.count.tolist(),
@@ -88,6 +96,25 @@ def _step_labels(trial: Trial, steps: list[int]) -> list[str | None]:
     return out
 
 
+def row_kinds(info: analysis.TrialOverview, collection: str, names: list[str]) -> dict[str, str]:
+    """The kind of each row (its section, on a colour scale of its own): the collection's name
+    when one collection of one kind is shown, else each tensor's (``layers.kind_of``), so that
+    weights and gradients never share a scale."""
+    if collection and collection not in layers.GENERIC:
+        return {n: collection for n in names}
+    return {n: layers.kind_of(n, info.collections_of(n)) for n in names}
+
+
+def ordered_rows(trial: Trial, kinds: dict[str, str]) -> list[str]:
+    """The rows (the keys of ``kinds``) in sections by kind (``layers.kind_rank``), each in
+    model order (ordered apart: each kind's records are a stream of their own)."""
+    sections: dict[str, list[str]] = {}
+    for name, kind in kinds.items():
+        sections.setdefault(kind, []).append(name)
+    return [name for kind in sorted(sections, key=layers.kind_rank)
+            for name in order.model_order(trial, sections[kind])]
+
+
 def overview(
     trial: Trial,
     collection: str | None,
@@ -98,6 +125,7 @@ def overview(
     cache: heatmap.StatisticCache,
     budget_s: float | None = READ_BUDGET_S,
     worker: str | None = None,
+    how: str = normalize.NONE,
 ) -> dict[str, Any]:
     """The overview of one trial (see the module docstring).
 
@@ -110,9 +138,10 @@ def overview(
         pattern: keep only tensors whose names match (see :func:`name_filter`).
         budget_s: seconds spent reading new steps (None: read them all before answering).
         worker: whose values (None: each step's first worker).
+        how: the normalization of each row (one of ``normalize.NORMALIZATIONS``).
 
     Raises:
-        MltraceValueError: an unknown collection or statistic.
+        MltraceValueError: an unknown collection, statistic or normalization.
     """
     info = analysis.trial_overview(trial)
     if collection == ALL:
@@ -132,14 +161,20 @@ def overview(
     if worker is not None and worker not in info.workers:
         raise MltraceValueError(
             f"trial {trial.name!r} has no worker {worker!r}; it has {', '.join(info.workers)}")
+    normalize.check_normalization(how)
+    kinds = row_kinds(info, collection, names)
+    names = ordered_rows(trial, kinds)
     found = heatmap.tensor_heatmap(trial, names, statistic, mode, columns, worker, cache=cache,
-                                   deadline=deadline)
+                                   deadline=deadline, normalize=how)
     out: dict[str, Any] = {
         "run": trial.name,
         "collection": collection,
         "collections": sorted(k for k, v in info.members.items() if v),
         "statistic": statistic,
         "statistics": list(heatmap.OVERVIEW_STATISTICS),
+        "normalize": how,
+        "normalizations": list(normalize.NORMALIZATIONS),
+        "kinds": list(dict.fromkeys(kinds[n] for n in names)),
         "mode": mode.name if mode is not None else None,
         "worker": worker,
         "workers": info.workers,
@@ -152,7 +187,7 @@ def overview(
         "bucketed": found.bucketed,
         "complete": found.complete,
         "trial_steps": len(trial.saved_steps()),
-        "rows": [_row(r) for r in found.rows],
+        "rows": [_row(r, kinds[r.tensor]) for r in found.rows],
         "findings": rules_view.findings(trial, names),
     }
     if found.damaged:

@@ -10,7 +10,9 @@ Routes (under /data/plugin/mltrace):
     /runs                   trials found: [{"name", "location"}]
     /run?run=R              modes, steps, workers, tensors by collection of one trial
     /overview?run=R[&collection=C or *][&statistic=l2][&mode=M][&columns=N][&filter=F][&worker=W]
-                            one statistic of every tensor of a collection over step buckets
+              [&normalize=none|row|first|change]
+                            one statistic of every tensor of a collection over step buckets,
+                            rows in model order
     /series?run=R[&run=R2]&tensor=T[&mode=M][&worker=W|&per_worker=1][&max_points=N]
     /histograms?run=R&tensor=T&mode=M[&worker=W][&bins=30][&max_steps=N]
     /value?run=R&tensor=T&step=S&mode=M[&worker=W]
@@ -163,12 +165,13 @@ class MltracePlugin(base_plugin.TBPlugin):
 
     def overview_impl(self, run: str, collection: str | None = None, statistic: str = "l2",
                       mode: ModeKeys | None = None, columns: int = heatmap.DEFAULT_COLUMNS,
-                      pattern: str | None = None, worker: str | None = None) -> dict[str, Any]:
+                      pattern: str | None = None, worker: str | None = None,
+                      normalize: str = "none") -> dict[str, Any]:
         trial, lock = self.trial(run)
         with lock:
             try:
                 return overview.overview(trial, collection, statistic, mode, columns, pattern,
-                                         self._statistics, worker=worker)
+                                         self._statistics, worker=worker, how=normalize)
             except MltraceValueError as exc:
                 raise errors.InvalidArgumentError(str(exc)) from None
 
@@ -213,7 +216,8 @@ class MltracePlugin(base_plugin.TBPlugin):
     def rules_impl(self, run: str) -> dict[str, Any]:
         trial, lock = self.trial(run)
         with lock:
-            return rules_view.rules(trial, self._mlflow_uri)
+            return rules_view.rules(trial, self._mlflow_uri, self._statistics,
+                                    rules_view.NONFINITE_BUDGET_S)
 
     def diagnosis_impl(self, run: str, worker: str | None = None) -> dict[str, Any]:
         trial, lock = self.trial(run)
@@ -256,7 +260,8 @@ class MltracePlugin(base_plugin.TBPlugin):
             request.args.get("statistic") or "l2", _optional_mode(request),
             _int(request, "columns", minimum=1, maximum=heatmap.MAX_COLUMNS)
             or heatmap.DEFAULT_COLUMNS,
-            request.args.get("filter") or None, request.args.get("worker") or None))
+            request.args.get("filter") or None, request.args.get("worker") or None,
+            request.args.get("normalize") or "none"))
 
     def _series_route(self, request: wrappers.Request) -> wrappers.Response:
         def impl() -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mltrace.analysis.cache import LruCache
+from mltrace.analysis.normalize import NONE, check_normalization, normalize_values
 from mltrace.analysis.series import Damaged, left_out
 from mltrace.analysis.statistics import UNREADABLE, step_statistics
 from mltrace.exceptions import MltraceValueError
@@ -254,6 +255,7 @@ def tensor_heatmap(
     worker: str | None = None,
     cache: StatisticCache | None = None,
     deadline: float | None = None,
+    normalize: str = NONE,
 ) -> Heatmap:
     """``statistic`` of each of ``tensors`` over the global steps of ``trial``, bucketed.
 
@@ -269,11 +271,14 @@ def tensor_heatmap(
             then built from what was read so far (``complete`` False; call again to go on).
             Steps are read coarse first (every 64th, then 16th, 4th, all), so an early answer
             already spans the whole run.
+        normalize: each row's values normalized before bucketing (one of
+            ``normalize.NORMALIZATIONS``: ``row``, ``first``, ``change``; ``none`` keeps them).
 
     Raises:
-        MltraceValueError: an unknown statistic or a column count out of range.
+        MltraceValueError: an unknown statistic or normalization, or a column count out of range.
     """
     check_statistic(statistic)
+    check_normalization(normalize)
     if not 1 <= columns <= MAX_COLUMNS:
         raise MltraceValueError(f"columns={columns} is out of range: give 1 to {MAX_COLUMNS}")
     trial.maybe_refresh()
@@ -306,20 +311,23 @@ def tensor_heatmap(
                    if g is not None}
         keep = np.fromiter(sorted(in_mode), dtype=np.int64)
         found = [(t, _only(sv, keep)) for t, sv in found]
-    out = bucket_rows(found, statistic, columns)
+    out = bucket_rows(found, statistic, columns, normalize)
     out.mode, out.damaged, out.complete = mode, list(dict.fromkeys(damaged)), complete
     return out
 
 
-def bucket_rows(found: Sequence[tuple[str, StepValues]], statistic: str, columns: int) -> Heatmap:
+def bucket_rows(found: Sequence[tuple[str, StepValues]], statistic: str, columns: int,
+                normalize: str = NONE) -> Heatmap:
     """The heat map of values already read: ``(tensor, StepValues)`` rows bucketed over the union
-    of their global steps into at most ``columns`` buckets of equal numbers of steps."""
+    of their global steps into at most ``columns`` buckets of equal numbers of steps, each row's
+    values normalized first (``normalize``; its NaN and infinities are still counted from the
+    values themselves)."""
     all_steps = np.unique(np.concatenate([sv.steps for _, sv in found] or [np.empty(0, np.int64)]))
     first = _bucket_edges(all_steps, columns)
     starts = all_steps[first] if len(all_steps) else np.empty(0, np.int64)
     ends = (np.append(all_steps[first[1:] - 1], all_steps[-1]) if len(all_steps)
             else np.empty(0, np.int64))
-    rows = [_row(t, sv, starts) for t, sv in found]
+    rows = [_row(t, sv, starts, normalize) for t, sv in found]
     return Heatmap(statistic, None, starts.tolist(), ends.tolist(), len(all_steps), rows)
 
 
@@ -328,16 +336,18 @@ def _only(sv: StepValues, steps: np.ndarray) -> StepValues:
     return StepValues(sv.steps[keep], sv.values[keep])
 
 
-def _row(tensor: str, sv: StepValues, starts: np.ndarray) -> HeatmapRow:
-    """Reduce one tensor's values into the buckets that begin at ``starts``."""
+def _row(tensor: str, sv: StepValues, starts: np.ndarray, normalize: str = NONE) -> HeatmapRow:
+    """Reduce one tensor's values (normalized ``normalize``) into the buckets that begin at
+    ``starts``."""
     k = len(starts)
     col = np.searchsorted(starts, sv.steps, side="right") - 1
     v = sv.values
-    finite = np.isfinite(v)
+    shown = v if normalize == NONE else normalize_values(v, normalize)
+    finite = np.isfinite(shown)
     low = np.full(k, np.nan)
     high = np.full(k, np.nan)
-    np.fmin.at(low, col[finite], v[finite])
-    np.fmax.at(high, col[finite], v[finite])
+    np.fmin.at(low, col[finite], shown[finite])
+    np.fmax.at(high, col[finite], shown[finite])
     return HeatmapRow(
         tensor, low, high,
         count=np.bincount(col, minlength=k),
