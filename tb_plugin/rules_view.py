@@ -1,10 +1,19 @@
-"""The Rules panel's data: one entry per rule with its history of executions, findings first, and
-a link to each execution's MLflow run found from the trial's own MLflow record; above them, the
-flight recorder's first non-finite tensor and its dumps (``flight_recorder``).
+"""The Rules panel's data: one entry per rule with its history of executions, findings first; above
+them, the flight recorder's first non-finite tensor and its dumps (``flight_recorder``) and every
+tensor that held a NaN or an infinity, found with no rule run (``nonfinite``, see
+:mod:`nonfinite_view`). The overview's rule markers come from :func:`findings`.
 
 Steps: a rule is evaluated at global steps (``invoke_rule``), so ``fired_steps`` are global
 steps; each is also given as (mode, mode step), the numbers a rule's message and MLflow's
-per-mode metrics use (``eval/...`` at EVAL step 10 is global step 210 here).
+per-mode metrics use (``eval/...`` at EVAL step 10 is global step 210 here). Every fired step is
+given; past MAX_MARKED_STEPS they are thinned evenly from the first to the last (``thinned``).
+
+Tensors: a finding names the tensors its message names exactly (:mod:`mentions`): one about
+``gradient/Sequential_0.bias`` is not about the parameter ``Sequential_0.bias``. The message's
+``mentions`` say where, so the panel links each name to its tensor's detail at the first step.
+
+MLflow: a rule run's link is the page its MLflow listener recorded (``mlflow_url`` in the
+result), or one under the UI that ``--mltrace_mlflow_uri`` names; never a guessed default.
 """
 
 from __future__ import annotations
@@ -13,6 +22,9 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+import numpy as np
+
+from mltrace.analysis import heatmap
 from mltrace.exceptions import MltraceError
 from mltrace.format import paths
 from mltrace.format.flight_record import earliest_first_nonfinite
@@ -27,12 +39,27 @@ from mltrace.rules.results import (
 )
 from mltrace.trials import Trial
 
+from . import nonfinite_view
+from .mentions import mentions, named_tensors
+
 #: Order of the panel: what needs a look first, what found nothing last (folded by the frontend).
 STATUS_ORDER = {ISSUES_FOUND: 0, ERROR: 1, IN_PROGRESS: 2, NOTHING_CHECKED: 3, NO_ISSUES_FOUND: 4}
-#: Where ``mlflow ui`` serves by default: the UI of a database-backed tracking store the trial
-#: recorded (sqlite, postgresql...) once the user starts it with the command the panel shows.
-MLFLOW_UI_DEFAULT = "http://127.0.0.1:5000"
+#: Fired steps given per execution and finding; beyond it, that many spread evenly over them.
+MAX_MARKED_STEPS = 10_000
+#: A flight-recorder dump's written steps listed (the count is always given).
 MAX_STEPS_LISTED = 200
+#: Seconds an answer spends looking for non-finite values (the tab asks again for the rest).
+NONFINITE_BUDGET_S = nonfinite_view.READ_BUDGET_S
+
+
+def thinned(steps: list[int], limit: int = MAX_MARKED_STEPS) -> list[int]:
+    """``steps`` sorted, all of them up to ``limit``; past it, ``limit`` of them spread evenly
+    by position from the first to the last (both kept): a long firing is never cut short."""
+    ordered = sorted(steps)
+    if len(ordered) <= limit:
+        return ordered
+    keep = np.unique(np.linspace(0, len(ordered) - 1, limit).round().astype(np.int64))
+    return [ordered[i] for i in keep.tolist()]
 
 
 def mlflow_link(base: str | None, experiment_id: str | None, run_id: str | None) -> str | None:
@@ -58,18 +85,25 @@ def trial_mlflow_record(trial: Trial) -> dict[str, Any]:
 
 
 def mlflow_ui(flag_uri: str | None, record: dict[str, Any]) -> dict[str, Any]:
-    """Where the MLflow UI of the trial's runs is: the plugin flag wins; else an http(s) tracking
-    URI is the UI itself; else (a database) ``mlflow ui`` on its default port, with the command
-    that starts it."""
-    if flag_uri:
-        return {"base": flag_uri, "command": None}
+    """Where the MLflow UI of the trial's runs is, as far as anything says: ``base``, the UI the
+    plugin flag names (None without one: links are then only those the results recorded);
+    ``command``, how to look at runs kept in a database tracking store the trial recorded
+    (``mlflow ui --backend-store-uri ...``), which the panel shows as a hint, never as a link:
+    nothing says that a UI serves there."""
     uri = record.get("tracking_uri")
-    if not isinstance(uri, str) or not uri:
-        return {"base": None, "command": None}
-    if uri.startswith(("http://", "https://")):
-        return {"base": uri, "command": None}
-    return {"base": MLFLOW_UI_DEFAULT,
-            "command": f"mlflow ui --backend-store-uri {uri} --port 5000"}
+    command = None
+    if not flag_uri and isinstance(uri, str) and uri and not uri.startswith(("http://", "https://")):
+        command = f"mlflow ui --backend-store-uri {uri}"
+    return {"base": flag_uri or None, "command": command}
+
+
+def _run_link(result: RuleResult, flag_uri: str | None) -> str | None:
+    """The rule run's MLflow page: under the UI the plugin flag names, else the one its listener
+    recorded (an http(s) URL), else None."""
+    if flag_uri:
+        return mlflow_link(flag_uri, result.mlflow_experiment_id, result.mlflow_run_id)
+    url = result.mlflow_url
+    return url if isinstance(url, str) and url.startswith(("http://", "https://")) else None
 
 
 def _step(trial: Trial, step: int) -> dict[str, Any]:
@@ -77,40 +111,54 @@ def _step(trial: Trial, step: int) -> dict[str, Any]:
     return {"step": step, "mode": mode.name if mode is not None else None, "mode_step": mode_step}
 
 
-def _execution(trial: Trial, result: RuleResult, base: str | None) -> dict[str, Any]:
-    fired = result.fired_steps
+def _execution(trial: Trial, result: RuleResult, flag_uri: str | None,
+               names: list[str]) -> dict[str, Any]:
+    fired = thinned(result.fired_steps)
     return {
         "status": result.status,
         "started": result.started,
         "ended": result.ended,
         "evaluated_steps": result.evaluated_steps,
-        "fired_count": len(fired),
-        "fired": [_step(trial, s) for s in fired[:MAX_STEPS_LISTED]],
+        "fired_count": len(result.fired_steps),
+        "fired": [_step(trial, s) for s in fired],
+        "fired_thinned": len(fired) < len(result.fired_steps),
         "first": _step(trial, result.first_step) if result.first_step is not None else None,
         "message": result.message,
+        "mentions": [list(m) for m in mentions(result.message, names)],
         "error": result.error,
         "parameters": result.parameters,
         "mlflow_run_id": result.mlflow_run_id,
         "mlflow_experiment_id": result.mlflow_experiment_id,
-        "mlflow_url": mlflow_link(base, result.mlflow_experiment_id, result.mlflow_run_id),
+        "mlflow_url": _run_link(result, flag_uri),
     }
 
 
-def rules(trial: Trial, mlflow_uri: str | None) -> dict[str, Any]:
+def rules(trial: Trial, mlflow_uri: str | None, cache: heatmap.StatisticCache | None = None,
+          budget_s: float | None = None) -> dict[str, Any]:
     """The Rules panel: ``rules`` holds one entry per rule name, findings first; each entry's
-    ``history`` lists its executions newest first (the entry's status is its newest one's)."""
+    ``history`` lists its executions newest first (the entry's status is its newest one's).
+
+    Args:
+        trial: the trial.
+        mlflow_uri: the MLflow UI the plugin flag names (None: only recorded links).
+        cache: values already read, for the non-finite scan (the plugin's, shared with the
+            overview); None: a new one.
+        budget_s: seconds the non-finite scan may read (None: all of it).
+    """
     ui = mlflow_ui(mlflow_uri, trial_mlflow_record(trial))
+    names = trial.tensor_names()
     by_rule: dict[str, list[RuleResult]] = {}
     for result in read_results(trial.storage):  # oldest first
         by_rule.setdefault(result.rule, []).append(result)
     out = []
     for name, found in by_rule.items():
-        history = [_execution(trial, r, ui["base"]) for r in reversed(found)]
+        history = [_execution(trial, r, mlflow_uri, names) for r in reversed(found)]
         out.append({"rule": name, "status": history[0]["status"], "runs": len(history),
                     "history": history})
     out.sort(key=lambda r: (STATUS_ORDER.get(r["status"], 2), -r["history"][0]["started"]))
     return {"run": trial.name, "rules": out, "mlflow": ui,
-            "flight_recorder": flight_recorder(trial)}
+            "flight_recorder": flight_recorder(trial),
+            "nonfinite": nonfinite_view.nonfinite(trial, cache, budget_s)}
 
 
 def _steps(steps: list[int]) -> dict[str, Any]:
@@ -141,7 +189,9 @@ def flight_recorder(trial: Trial) -> dict[str, Any]:
 
 def findings(trial: Trial, tensors: list[str]) -> list[dict[str, Any]]:
     """Each rule's newest execution that found issues, for marking the overview: the rule, its
-    fired global steps, and which of ``tensors`` its message names."""
+    fired global ``steps`` (every one; past MAX_MARKED_STEPS spread evenly, first and last kept,
+    ``thinned`` True), ``fired_count``, ``first_step`` (the step its message is about), and
+    which of ``tensors`` its message names exactly (``tensors``, see :mod:`mentions`)."""
     newest: dict[str, RuleResult] = {}
     for result in read_results(trial.storage):
         newest[result.rule] = result
@@ -149,7 +199,10 @@ def findings(trial: Trial, tensors: list[str]) -> list[dict[str, Any]]:
     for result in newest.values():
         if result.status != ISSUES_FOUND:
             continue
-        message = result.message or ""
-        out.append({"rule": result.rule, "steps": result.fired_steps[:MAX_STEPS_LISTED],
-                    "tensors": [t for t in tensors if t and t in message], "message": message})
+        steps = thinned(result.fired_steps)
+        out.append({"rule": result.rule, "steps": steps, "fired_count": len(result.fired_steps),
+                    "thinned": len(steps) < len(result.fired_steps),
+                    "first_step": result.first_step,
+                    "tensors": named_tensors(result.message, tensors),
+                    "message": result.message or ""})
     return out

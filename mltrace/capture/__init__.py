@@ -9,6 +9,7 @@
 - ``plan.SavePlan``: which collections are saved, which tensor belongs to which, what is due.
 - ``nan_watch.NanWatch``: tensors held back until a NaN shows up in a watched one.
 - ``outputs.Outputs``: the trial writer, the TensorBoard export and the tracking sinks.
+- ``nonfinite_warning.NonFiniteWarning``: the log's one warning when a saved value is NaN or infinite.
 - ``stop.StopSignal``: a rule's request to stop training.
 - ``quiet.QuietLane``: the part of ``Hook`` that takes a quiet step's boundary in one call (``Hook.take_quiet_step``).
 - ``errors.ErrorPolicy`` and ``errors.guarded``: an internal error disables the hook, never training.

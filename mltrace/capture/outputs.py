@@ -15,6 +15,7 @@ import numpy as np
 
 from mltrace.capture.adapter import Adapter, ReductionItems
 from mltrace.capture.clock import StepClock
+from mltrace.capture.nonfinite_warning import NonFiniteWarning
 from mltrace.capture.out_dir import OutDirGuard
 from mltrace.capture.plan import what_to_save
 from mltrace.collections import (
@@ -77,6 +78,8 @@ class Outputs:
         #: each step, as a collection's configuration may change between steps
         self._what: dict[tuple[int, ...], tuple[bool, bool, ReductionItems]] = {}
         self._collections_written = False
+        #: The log's warning when a value written is not finite (once per run; see the module).
+        self.nonfinite = NonFiniteWarning()
 
     # -- lifecycle ------------------------------------------------------------------------------
     def open(self, worker: str, chief: bool) -> None:
@@ -107,6 +110,7 @@ class Outputs:
         if not (self.writer.step_open or self.pending_scalars):
             return  # nothing to write (a quiet step)
         self.write_pending()
+        self.nonfinite.end_step(self._clock)
         if self.tensorboard is not None:
             self.tensorboard.end_step()
         if self.writer.close_step() and not self._collections_written:
@@ -149,6 +153,7 @@ class Outputs:
         self._open_step()
         assert self.writer is not None
         self.writer.add_tensors(records, self._clock.mode, self._clock.mode_step)
+        self.nonfinite.check_records(records)
 
     def write_collections(self) -> None:
         """(Re)write the collections file: tensor names are added to collections as seen."""
@@ -161,6 +166,7 @@ class Outputs:
             return
         self.closed_writers = (self.writer, self.tensorboard)
         self.end_step()
+        self.nonfinite.summarize()
         self.write_collections()
         if self.tensorboard is not None:
             self.tensorboard.close()
@@ -294,6 +300,7 @@ class Outputs:
             tags, integer = self._block_names(started)
             if len(tags) == len(flat):
                 self.writer.add_scalars(tags, integer, flat, clock.mode, clock.mode_step)
+                self.nonfinite.check_block(started, integer, flat)
                 return
         results = self._adapter.reductions_to_host(handles)
         records = []
@@ -301,6 +308,7 @@ class Outputs:
             tags = self._tags_of(name, items)
             records += [(tag, result) for tag, result in zip(tags, values) if result is not None]
         self.writer.add_tensors(records, clock.mode, clock.mode_step)
+        self.nonfinite.check_records(records)
 
     def _tags_of(self, name: str, items: ReductionItems) -> list[str]:
         """The record names of ``name``'s reductions ``items``."""
@@ -326,6 +334,7 @@ class Outputs:
     def _write_record(self, name: str, array: np.ndarray, wall_time: float | None = None) -> None:
         assert self.writer is not None
         self.writer.add_tensor(name, array, self._clock.mode, self._clock.mode_step, wall_time)
+        self.nonfinite.check(name, array)
 
     # -- sinks ----------------------------------------------------------------------------------
     def add_sinks(self, sinks: dict[str, dict[str, Any]], hook: Any) -> None:

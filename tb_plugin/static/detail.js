@@ -1,8 +1,9 @@
 // mltrace tab: one tensor in detail. Its statistics over global steps for every selected run (and
 // worker) overlaid in one uPlot chart (hover values, drag to zoom, double-click to reset, log scale
 // that keeps zeros), histograms of its saved values side by side per run and worker, and its values
-// at a chosen step in a table that scrolls. Opened at a step (the diagnosis' origin links), the
-// chart marks that step and the table shows the values there.
+// at a chosen step in a table that scrolls. Opened at a step (the diagnosis' origin links, a rule
+// finding's tensors, the non-finite values), the chart marks that step and the table shows the
+// values there (at the nearest saved step when the tensor saved none there).
 
 import uPlot from "./uPlot.esm.js";
 import {clear, el, getJSON, note, svgEl} from "./dom.js";
@@ -50,6 +51,20 @@ function chooser(ctx) {
     el("label", {title: "Leave empty to see every saved step"}, "Points ", maxPoints));
 }
 
+/** What opened the view at its marked step, as the link said (state.stepWhy {tensor, step,
+ * text}: a rule's finding, the non-finite values), else "a link" (the diagnosis' origin). */
+function openedFrom(s) {
+  const why = s.stepWhy;
+  return why && why.tensor === s.tensor && why.step === s.step ? why.text : "a link";
+}
+
+/** The saved step of `steps` (global steps, sorted) nearest to `step`, the earlier one on a tie. */
+function nearestStep(steps, step) {
+  let best = null;
+  for (const g of steps) if (best === null || Math.abs(g - step) < Math.abs(best - step)) best = g;
+  return best;
+}
+
 /** Draws the detail view of ctx.state.tensor into ctx.root. */
 export async function detailPanel(ctx) {
   const s = ctx.state;
@@ -59,9 +74,11 @@ export async function detailPanel(ctx) {
     return;
   }
   const chartBox = el("section", {class: "mt-chart-section"}, el("div", {class: "mt-note"}, "Loading…"));
+  let markedNote = null;
   if (Number.isInteger(s.step)) {
-    ctx.root.append(el("div", {class: "mt-note mt-marked-step", id: "mt-marked-step", "data-step": s.step},
-      `Global step ${s.step} is marked (opened from the diagnosis).`));
+    markedNote = el("div", {class: "mt-note mt-marked-step", id: "mt-marked-step", "data-step": s.step},
+      `Global step ${s.step} is marked: the dashed line on the chart, and the values below are at it (opened from ${openedFrom(s)}).`);
+    ctx.root.append(markedNote);
   }
   const histBox = el("section", {}, el("h3", {}, "Histograms of the saved values"));
   const tableBox = el("section", {}, el("h3", {}, "Values at a step"));
@@ -75,6 +92,7 @@ export async function detailPanel(ctx) {
   ctx.redraw = draw;
   draw();
   drawValues(ctx, answer, tableBox);
+  if (markedNote) markedNote.scrollIntoView({block: "start"});
   if (isScalar(answer)) {
     histBox.append(el("div", {class: "mt-note", id: "mt-no-histogram"}, "A scalar (one value per step): no histogram."));
   } else {
@@ -250,9 +268,16 @@ function drawValues(ctx, answer, box) {
   };
   runSel.addEventListener("change", fill);
   fill();
-  const marked = Number.isInteger(ctx.state.step) && [...stepSel.options].some((o) => o.value === String(ctx.state.step));
-  if (marked) stepSel.value = String(ctx.state.step);
+  // opened at a step: the values there, or at the nearest saved step when it saved none there
+  const saved = [...stepSel.options].map((o) => Number(o.value));
+  const at = Number.isInteger(ctx.state.step) && saved.length ? nearestStep(saved, ctx.state.step) : null;
+  const marked = at !== null;
+  if (marked) stepSel.value = String(at);
   const out = el("div", {class: "mt-values"});
+  const near = marked && at !== ctx.state.step
+    ? el("div", {class: "mt-note", id: "mt-nearest-step", "data-step": at},
+      `${ctx.state.tensor} was not saved at global step ${ctx.state.step}: the values are at the nearest saved step, ${at}.`)
+    : null;
   const show = el("button", {id: "mt-show-values", on: {click: async () => {
     note(out, "Loading…");
     try {
@@ -264,7 +289,7 @@ function drawValues(ctx, answer, box) {
     }
   }}}, "Show values");
   box.append(el("div", {class: "mt-controls"}, runs.length > 1 ? runSel : el("span", {}, runs[0].run),
-    " global step ", stepSel, workerSel, show), out);
+    " global step ", stepSel, workerSel, show), near, out);
   if (marked) show.click();  // opened at a step: its values at once
 }
 

@@ -44,6 +44,7 @@ def make_torch_trial(path, train_steps: int = 6, eval_steps: int = 2) -> str:
     fired = RuleResult(rule="LossNotDecreasing", trial=out, parameters={"num_steps": 3, "mode": "TRAIN"},
                        status=ISSUES_FOUND, evaluated_steps=train_steps, fired_steps=[3, 4], first_step=3,
                        message="loss <b>did not</b> decrease", mlflow_run_id="abc123", mlflow_experiment_id="7",
+                       mlflow_url=f"{MLFLOW_URL}/#/experiments/7/runs/abc123?workflowType=machine_learning",
                        started=1_700_000_000.0, ended=1_700_000_010.0)
     quiet = RuleResult(rule="VanishingGradient", trial=out, parameters={"threshold": 1e-7}, status=NO_ISSUES_FOUND,
                        evaluated_steps=train_steps, started=1_700_000_100.0, ended=1_700_000_110.0)

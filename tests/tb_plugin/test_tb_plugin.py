@@ -154,8 +154,8 @@ def test_collections_and_rules_panels(plugin):
     assert rules[0]["status"] == fired["status"] == "IssuesFound" and fired["fired_count"] == 2
     assert fired["fired"] == [{"step": 3, "mode": "TRAIN", "mode_step": 3}, {"step": 4, "mode": "TRAIN", "mode_step": 4}]
     assert fired["parameters"] == {"num_steps": 3, "mode": "TRAIN"}
-    assert fired["mlflow_url"] == f"{MLFLOW_URL}/#/experiments/7/runs/abc123?workflowType=machine_learning"  # the trial's tracking URI
-    assert answer["mlflow"] == {"base": MLFLOW_URL, "command": None}
+    assert fired["mlflow_url"] == f"{MLFLOW_URL}/#/experiments/7/runs/abc123?workflowType=machine_learning"  # as recorded
+    assert answer["mlflow"] == {"base": None, "command": None}
     assert rules[1]["history"][0]["mlflow_url"] is None
     assert rules_view.mlflow_link("sqlite:///mlflow.db", "1", "r") is None
     override = MltracePlugin(base_plugin.TBContext(), mltrace_logdirs=[plugin._roots[0]], mlflow_uri="https://ui.example/")
