@@ -7,6 +7,7 @@
 
 import uPlot from "./uPlot.esm.js";
 import {clear, el, getJSON, note, svgEl} from "./dom.js";
+import {naturalCompare} from "./overview_rows.js";
 import {
   alignLines, axisTick, defaultStatistics, filterNames, fmt, histogramNote, histogramRange, isScalar,
   num, seriesLines, seriesStatistics, stepLabel,
@@ -23,7 +24,7 @@ const logTick = axisTick;
 function tensorNames(ctx) {
   const names = new Set();
   for (const run of ctx.state.selected) for (const t of (ctx.info.get(run) || {tensors: []}).tensors) names.add(t);
-  return [...names].sort();
+  return [...names].sort(naturalCompare);
 }
 
 function chooser(ctx) {

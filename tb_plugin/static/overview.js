@@ -177,8 +177,16 @@ function overviewView(ctx, answers, box, failed, plotW) {
     [scroll.scrollTop, scroll.scrollLeft] = at;
     const findings = answers.flatMap((a) => (a.findings || []).map((f) => [a.run, f]));
     if (findings.length) {
+      const open = (f, t) => {
+        ctx.state.stepWhy = {tensor: t, step: f.first_step, text: `${f.rule}'s finding`};
+        ctx.openDetail(t, Number.isInteger(f.first_step) ? f.first_step : null);
+      };
       box.append(el("div", {class: "mt-findings"}, findings.map(([run, f]) => el("div", {class: "mt-finding"},
-        el("b", {}, f.rule), `${answers.length > 1 ? ` (${run})` : ""} fired at ${f.steps.length} steps: ${f.message || ""}`))));
+        el("b", {}, f.rule),
+        `${answers.length > 1 ? ` (${run})` : ""} fired at ${f.fired_count ?? f.steps.length} steps` +
+          `${f.thinned ? " (marked spread evenly)" : ""}: ${f.message || ""} `,
+        (f.tensors || []).map((t) => el("button", {class: "mt-linkbutton", "data-tensor": t,
+          title: `open ${t} at global step ${f.first_step}`, on: {click: () => open(f, t)}}, t))))));
     }
   };
   return view;

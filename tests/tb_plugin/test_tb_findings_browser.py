@@ -132,6 +132,16 @@ def test_a_finding_links_its_tensor_at_its_step_and_marks_only_that_row(server, 
     wait.until(lambda d: d.find_element(By.CSS_SELECTOR, ".mt-ov-canvas").get_attribute("data-rows") == "4")
     marked = {e.get_attribute("data-tensor") for e in browser.find_elements(By.CSS_SELECTOR, ".mt-ov-label.mt-marked")}
     assert marked == {GRAD_B, LONG}
+    # under the overview, the finding says how often it fired and links the tensors it names
+    finding = next(f for f in browser.find_elements(By.CSS_SELECTOR, ".mt-finding") if "ExplodingTensor" in f.text)
+    assert "fired at 300 steps" in finding.text
+    named = finding.find_elements(By.CSS_SELECTOR, "button.mt-linkbutton")
+    assert [b.get_attribute("data-tensor") for b in named] == [GRAD_B]
+    named[0].click()
+    _detail_at(browser, wait, GRAD_B, 10)
+    browser.switch_to.default_content()
+    wait = _open_tab(browser, server)
+    _runs(browser, "findings")
     _panel(browser, wait, "rules")
     row = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "tr[data-rule='ExplodingTensor']"))
     links = row.find_elements(By.CSS_SELECTOR, "button.mt-finding-link")
