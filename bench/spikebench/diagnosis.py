@@ -8,7 +8,7 @@ Runs of several workers are left out (the diagnosis reads one worker).
 
 Examples:
     .venv/bin/python bench/spikebench/diagnosis.py bench/results/spikebench bench/results/spikebench-heldout
-    .venv/bin/python bench/spikebench/diagnosis.py bench/results/spikebench-diagnosis --json
+    .venv/bin/python bench/spikebench/diagnosis.py bench/results/spikebench-diagnosis --jobs 2 --json
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import os
 import sys
 import time
 from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 os.environ.setdefault("MLTRACE_LOG_LEVEL", "error")
@@ -52,28 +53,35 @@ def judge(run: dict[str, Any], report: Any) -> dict[str, Any]:
     return row
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("roots", nargs="+", help="folders of SpikeBench runs (<scenario>-seed<n>/run.json)")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
+def diagnose_run(path: str) -> dict[str, Any] | None:
+    """The verdict on the run whose ``run.json`` is at ``path`` (None for a run not scored)."""
     from mltrace.diagnosis import diagnose
     from mltrace.trials import create_trial
 
+    with open(path) as f:
+        run = json.load(f)
+    if run["workers"] > 1 or (run["scenario"] != "healthy" and run["scenario"] not in EXPECTED):
+        return None
+    start = time.perf_counter()
+    report = diagnose(create_trial(run["trial_dir"], timeout=0))
+    row = judge(run, report)
+    row["seconds"] = round(time.perf_counter() - start, 2)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("roots", nargs="+", help="folders of SpikeBench runs (<scenario>-seed<n>/run.json)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs diagnosed at a time (one process each)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    paths = [os.path.join(root, entry, "run.json") for root in args.roots for entry in sorted(os.listdir(root))]
+    paths = [p for p in paths if os.path.exists(p)]
     rows = []
-    for root in args.roots:
-        for entry in sorted(os.listdir(root)):
-            path = os.path.join(root, entry, "run.json")
-            if not os.path.exists(path):
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for row in pool.map(diagnose_run, paths):
+            if row is None:
                 continue
-            with open(path) as f:
-                run = json.load(f)
-            if run["workers"] > 1 or (run["scenario"] != "healthy" and run["scenario"] not in EXPECTED):
-                continue
-            start = time.perf_counter()
-            report = diagnose(create_trial(run["trial_dir"], timeout=0))
-            row = judge(run, report)
-            row["seconds"] = round(time.perf_counter() - start, 2)
             rows.append(row)
             if not args.json:
                 mark = "ok " if row["cause_ok"] and row["layer_ok"] in (None, True) else "BAD"
