@@ -1,8 +1,9 @@
 """How a hook's MLflow sink gets scalars off the training thread and into the run.
 
 On the training thread the sink only appends ``(name, mode, value, time, step, mode_step)`` to
-a deque; a background thread takes what accumulated every ``flush_interval`` seconds (sooner
-when _WAKE_AT, 10000, are waiting) and hands it, as one batch, to a helper process that makes the
+a deque (the value may be a loss still on its device: _sink_losses); a background thread takes
+what accumulated every ``flush_interval`` seconds (sooner when _WAKE_AT, 10000, are waiting),
+reads such losses, and hands it, as one batch, to a helper process that makes the
 ``log_batch`` calls (at most 1000 metrics each): MLflow's client is pure Python and, in a
 thread, would hold the GIL the training loop needs (``logging_process=False`` logs from the
 thread; so does the sink if the helper cannot start or dies; see _transport). At close it waits
@@ -29,6 +30,7 @@ from mltrace.modes import ModeKeys
 from mltrace.writer.failure_log import FailureLog
 
 from . import _transport
+from ._sink_losses import as_float
 from ._sink_names import MetricNames
 
 #: The sink's logger, whichever of its parts logs.
@@ -49,6 +51,8 @@ class MetricBatching(MetricNames):
     flush_interval: float
     _params: dict[str, str] | None
     _strict: bool
+    #: names starting with one of these are logged at every step by _sink_losses
+    loss_prefixes: tuple[str, ...]
     #: failures of the background logging (mltrace.writer.failure_log's policy)
     _failures: FailureLog
     # Steps of a flush that are other parts' (the run's params, its description, dump tags).
@@ -92,12 +96,19 @@ class MetricBatching(MetricNames):
         """
         if self._failures.unraised and self._strict:
             self._raise_failure()
+        if self.loss_prefixes and name.startswith(self.loss_prefixes):
+            return  # a watched loss: _sink_losses logs it at every step, this one included
+        step = getattr(self.hook, "step", mode_step)  # the global step (the TensorBoard tab's)
+        self._queue(name, mode, value, time.time(), step if step >= 0 else mode_step, mode_step)
+
+    def _queue(self, name: str, mode: ModeKeys, value: Any, ts: float, step: int,
+               mode_step: int) -> None:
+        """Append one point for the background thread (``value``: a number, or a device
+        tensor that the background thread reads)."""
         pending = self._pending
         if len(pending) == _MAX_PENDING:
             self._dropped += 1  # MLflow is far behind: the oldest point falls out of the deque
-        step = getattr(self.hook, "step", mode_step)  # the global step (the TensorBoard tab's)
-        pending.append((name, mode, value, time.time(), step if step >= 0 else mode_step,
-                        mode_step))
+        pending.append((name, mode, value, ts, step, mode_step))
         if self._params is None and self.hook.prepared:
             self._params = self._safe_hook_params()
         if len(pending) >= _WAKE_AT:
@@ -131,10 +142,11 @@ class MetricBatching(MetricNames):
         batch = []
         for name, mode, value, ts, step, mode_step in items:
             key = self._key(name, mode)
-            if key in self._foreign_keys:
+            number = as_float(value)  # a loss kept on its device is read here, off the loop
+            if key in self._foreign_keys or number is None:
                 continue
             self._own_keys.add(key)
-            batch.append((key, float(value), int(ts * 1000), int(step)))
+            batch.append((key, number, int(ts * 1000), int(step)))
             if mode is not ModeKeys.GLOBAL and self._mode_step_logged.get(mode) != step:
                 # The mode's own step at this global step: a metric the MLflow UI can use as a
                 # chart's x axis (eval/loss over eval/mode_step).

@@ -33,6 +33,12 @@ def add_command(subparsers: Any) -> None:
     compare.add_argument("--out", default="mltrace-compare",
                          help="output folder (default ./mltrace-compare)")
     compare.add_argument("--max-runs", type=int, default=20)
+    compare.add_argument("--max-tensors", type=int, default=48,
+                         help="compare at most this many tensors, the first in natural order "
+                              "(the others are named as left out; 0: all; default 48)")
+    compare.add_argument("--rtol", type=float, default=1e-3,
+                         help="two runs part ways where a statistic differs by more than this "
+                              "fraction (default 0.001)")
     compare.add_argument("--tracking-uri", default=None, help="default: MLFLOW_TRACKING_URI")
     compare.add_argument("--no-log", action="store_true", help="do not log the result to MLflow")
     compare.add_argument("--log-experiment", default="mltrace-comparisons",

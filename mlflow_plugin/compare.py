@@ -4,17 +4,24 @@ step, and what the rules found. API ``compare_runs`` and the command ``mltrace c
 Runs are the training runs (tag ``mltrace.trial``; rule and comparison runs are left out) of the
 named experiments, or of all experiments, narrowed by an MLflow filter string, or given by id.
 For each run the trial named by its ``mltrace.trial`` tag is opened and, for each chosen tensor
-(names or regexes; default: the ``losses`` collection) and statistic (a reduction name: mean,
-std, l2, abs_max, ...), the statistic is read at each saved step (a stored reduction when the
-hook saved one, else computed from the saved value). Rule findings come from the run's
-``mltrace.rule.<Rule>.*`` tags and from the rule results in the trial.
+(names or regexes, each one's matches in natural order: ``_2`` before ``_10``; default: the
+``losses`` collection; at most ``max_tensors``, the others named as left out) and statistic (a
+reduction name: mean, std, l2, abs_max, ...), the statistic is read at each saved step (a stored
+reduction when the hook saved one, else computed from the saved value). Rule findings come from
+the run's ``mltrace.rule.<Rule>.*`` tags and from the rule results in the trial.
 
-Output (``out_dir``): ``comparison.csv`` (the table, every column in full), ``comparison.json``
-(table, series, findings), ``comparison.png`` (plots.series_figure: 1600 px, one panel per tensor
-and statistic over global steps, one line per run, log axes where values span decades, dotted
-lines where a rule first fired). ``Comparison.to_text`` is the table within 100 columns
-(_table.py). With ``log_to_mlflow`` the three files are also logged as artifacts
-(``comparison/``) of a run in experiment ``mltrace-comparisons`` (or ``log_experiment``).
+Two runs get a difference view (parting.py): the ratio of each statistic of the second run to
+the first's at each step both saved, and the first step and tensor where they part ways (differ
+by more than ``rtol``), found at every saved step (steps the thinned series skipped are read
+where it matters). The text names them; the plots mark them.
+
+Output (``out_dir``, _compare_files.py): ``comparison.csv``, ``comparison.json``, the series as
+PNG pages of at most 12 panels (series_plots.py: 1600 px wide, one panel per tensor and
+statistic over global steps, one line per run, log axes where values span decades, dotted lines
+where a rule first fired, a dashed line where the runs part ways) and, for two runs,
+``difference.png`` pages. ``Comparison.to_text`` is the table within 100 columns (_table.py) and
+the notes. With ``log_to_mlflow`` the files are also logged as artifacts (``comparison/``) of a
+run in experiment ``mltrace-comparisons`` (or ``log_experiment``).
 
 Errors name the valid values: an unknown statistic, a tensor pattern that matches no tensor of
 the trials, no statistic readable; a missing tracking store is an error, never created.
@@ -22,26 +29,25 @@ the trials, no statistic readable; a missing tracking store is an error, never c
 Example:
     >>> from mltrace_mlflow.compare import compare_runs
     >>> result = compare_runs(["baseline", "lr-sweep"], tensors=["gradient/.*conv1"], stats=["l2"])
-    >>> print(result.to_text()); result.plot_path
+    >>> print(result.to_text()); result.plot_paths
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import logging
 import os
 import tempfile
+import textwrap
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from mltrace import analysis
-from mltrace.exceptions import MltraceError, MltraceValueError
+from mltrace.exceptions import MltraceValueError
 from mltrace.reductions import parse_statistic
 
-from . import _keys, _tracking, links
-from ._table import comparison_text
+from . import _compare_files, _compare_read, _keys, _tracking
+from ._table import comparison_text, shorten
+from .parting import DEFAULT_RTOL, Parting, find_parting, ratio_panels
 
 if TYPE_CHECKING:
     from mltrace.trials import Trial
@@ -49,6 +55,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_LOG_EXPERIMENT = "mltrace-comparisons"
+#: Tensors compared at most (the first in natural order); 0 compares every tensor matched.
+DEFAULT_MAX_TENSORS = 48
+
+#: ``{panel: {run label: (steps, values)}}``
+Series = dict[str, dict[str, tuple[list[int], list[float]]]]
 
 
 @dataclass
@@ -56,7 +67,7 @@ class Comparison:
     """What compare_runs found and wrote."""
 
     rows: list[dict[str, Any]]
-    series: dict[str, dict[str, tuple[list[int], list[float]]]]
+    series: Series
     findings: dict[str, dict[str, dict[str, Any]]]
     out_dir: str
     plot_path: str | None = None
@@ -64,6 +75,21 @@ class Comparison:
     json_path: str | None = None
     mlflow_run_id: str | None = None
     columns: list[str] = field(default_factory=list)
+    #: the figures' title: "1 run", "3 runs"
+    title: str = ""
+    #: the tensors compared, in order, and those ``max_tensors`` left out
+    tensors: list[str] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)
+    #: every page of the series (``plot_path`` is the first)
+    plot_paths: list[str] = field(default_factory=list)
+    #: the run labels, in the rows' order
+    labels: list[str] = field(default_factory=list)
+    #: two runs: the ratios ``{panel: {"b / a": (steps, ratios)}}``, where they part ways (None:
+    #: they agree within ``rtol``) and the ratio pages
+    difference: Series = field(default_factory=dict)
+    parting: Parting | None = None
+    rtol: float = DEFAULT_RTOL
+    difference_paths: list[str] = field(default_factory=list)
 
     def to_dataframe(self) -> Any:
         """The table as a pandas DataFrame."""
@@ -73,9 +99,33 @@ class Comparison:
 
     def to_text(self, width: int = 100) -> str:
         """The table as text of at most ``width`` columns (names shortened in the middle; the
-        CSV has every column in full)."""
+        CSV has every column in full), then the tensors left out and where two runs part ways."""
         values = [c for c in self.columns if c.endswith(" (last)")]
-        return comparison_text(self.rows, values, self.findings, width)
+        notes = [line for note in (self._left_out_note(), self._parting_note()) if note
+                 for line in ["", *textwrap.wrap(note, width, subsequent_indent="  ")]]
+        return "\n".join([comparison_text(self.rows, values, self.findings, width), *notes])
+
+    def _left_out_note(self) -> str | None:
+        if not self.left_out:
+            return None
+        total = len(self.tensors) + len(self.left_out)
+        names = ", ".join(shorten(n, 40) for n in self.left_out[:3])
+        if len(self.left_out) > 3:
+            names += f", …, {shorten(self.left_out[-1], 40)}"
+        return (f"compared the first {len(self.tensors)} of {total} tensors (natural order; "
+                f"--max-tensors 0 compares them all); left out {len(self.left_out)}: {names} "
+                "(every name in comparison.json)")
+
+    def _parting_note(self) -> str | None:
+        if len(self.labels) != 2 or not self.difference:
+            return None
+        if self.parting is None:
+            return (f"runs 1 and 2 agree at every step both saved (within {self.rtol:g} of "
+                    "each value)")
+        p = self.parting
+        also = f"; also parting there: {', '.join(p.others)}" if p.others else ""
+        return (f"runs 1 and 2 part ways at step {p.step}: {p.tensor} {p.statistic} is "
+                f"{p.ratio:.4g} x (run 1: {p.value_a:.5g}, run 2: {p.value_b:.5g}){also}")
 
 
 def _find_runs(client: Any, experiments: list[str] | None, filter_string: str,
@@ -138,7 +188,8 @@ def compare_runs(experiments: list[str] | None = None, filter_string: str = "",
                  run_ids: list[str] | None = None, tensors: list[str] | None = None,
                  stats: list[str] | None = None, out_dir: str | None = None, max_runs: int = 20,
                  max_steps: int = 500, tracking_uri: str | None = None, log_to_mlflow: bool = True,
-                 log_experiment: str = DEFAULT_LOG_EXPERIMENT) -> Comparison:
+                 log_experiment: str = DEFAULT_LOG_EXPERIMENT,
+                 max_tensors: int = DEFAULT_MAX_TENSORS, rtol: float = DEFAULT_RTOL) -> Comparison:
     """Compare the training runs of ``experiments`` (names) matching ``filter_string`` (or the
     runs ``run_ids``) by tensor statistics per step and rule findings (see the module docstring).
 
@@ -153,6 +204,8 @@ def compare_runs(experiments: list[str] | None = None, filter_string: str = "",
         tracking_uri: the MLflow tracking URI (default: MLflow's).
         log_to_mlflow: also log the files as artifacts of a comparison run.
         log_experiment: that run's experiment.
+        max_tensors: compare at most this many tensors, the first in natural order (0: all).
+        rtol: two runs part ways where a statistic differs by more than this fraction.
 
     Returns:
         a Comparison (rows, series, findings, file paths, the comparison run id).
@@ -173,29 +226,39 @@ def compare_runs(experiments: list[str] | None = None, filter_string: str = "",
             + (f" matching {filter_string!r}" if filter_string else ""))
     out_dir = out_dir or tempfile.mkdtemp(prefix="mltrace-compare-")
     os.makedirs(out_dir, exist_ok=True)
-    trials, errors = _open_trials(runs)
-    patterns = list(tensors or []) or _default_tensors(next(iter(trials.values()), None))
-    _check_tensors(trials, patterns)
-    result = _tabulate(runs, exp_names, trials, errors, patterns, stats, max_steps, out_dir)
+    trials, errors = _compare_read.open_trials(runs)
+    patterns = list(tensors or []) or _compare_read.default_tensors(next(iter(trials.values()),
+                                                                         None))
+    _compare_read.check_tensors(trials, patterns)
+    chosen, left_out = _compare_read.select_tensors(trials, patterns, max_tensors)
+    result = _tabulate(runs, exp_names, trials, errors, chosen, stats, max_steps, out_dir)
     if trials and not result.series:
         raise MltraceValueError(
             f"none of the statistics {stats} could be read for tensors {patterns} in these runs: "
             "the hooks saved neither the raw values nor these reductions. Choose another "
-            f"--stat; {_available_statistics(trials, patterns)}")
-    _write(result, runs, experiments, filter_string, patterns, stats)
+            f"--stat; {_compare_read.available_statistics(trials, patterns)}")
+    result.left_out, result.rtol = left_out, rtol
+    if len(runs) == 2:
+        _difference(result, [trials.get(r.info.run_id) for r in runs])
+    query = {"experiments": experiments, "filter": filter_string, "tensors": patterns,
+             "stats": stats}
+    _compare_files.write_files(result, query)
     if log_to_mlflow:
-        result.mlflow_run_id = _log(client, result, runs, experiments, filter_string, patterns,
-                                    stats, log_experiment)
+        result.mlflow_run_id = _compare_files.log_comparison(
+            client, result, [r.info.run_id for r in runs], query, log_experiment)
     return result
 
 
 def _tabulate(runs: list[Any], exp_names: dict[str, str], trials: dict[str, Trial],
-              errors: dict[str, str], patterns: list[str], stats: list[str], max_steps: int,
+              errors: dict[str, str], names: list[str], stats: list[str], max_steps: int,
               out_dir: str) -> Comparison:
-    """One row per run (its last value of each statistic, its rule findings), and the series."""
+    """One row per run (its last value of each statistic, its rule findings), and the series,
+    in the order of ``names`` and ``stats``."""
     labels = _labels(runs, exp_names)
-    result = Comparison(rows=[], series={}, findings={}, out_dir=out_dir)
-    value_columns: list[str] = []
+    result = Comparison(rows=[], series={}, findings={}, out_dir=out_dir, tensors=names,
+                        title=f"{len(runs)} run{'' if len(runs) == 1 else 's'}",
+                        labels=[labels[r.info.run_id] for r in runs])
+    read: dict[tuple[str, str], dict[str, tuple[list[int], list[float]]]] = {}
     for run in runs:
         rid, label = run.info.run_id, labels[run.info.run_id]
         trial = trials.get(rid)
@@ -203,20 +266,44 @@ def _tabulate(runs: list[Any], exp_names: dict[str, str], trials: dict[str, Tria
             "run": label, "run_id": rid, "experiment": exp_names.get(run.info.experiment_id),
             "status": run.info.status, "trial": run.data.tags.get(_keys.TAG_TRIAL),
             "steps": len(trial.steps()) if trial is not None else None}
-        for (name, stat), (steps, values) in _statistics(trial, patterns, stats, max_steps).items():
-            result.series.setdefault(f"{name} · {stat}", {})[label] = (steps, values)
-            column = f"{name} {stat} (last)"
-            row[column] = values[-1]
-            if column not in value_columns:
-                value_columns.append(column)
+        for key, (steps, values) in _compare_read.read_statistics(trial, names, stats,
+                                                                  max_steps).items():
+            read.setdefault(key, {})[label] = (steps, values)
+            row[f"{key[0]} {key[1]} (last)"] = values[-1]
         found = result.findings[label] = _findings(run, trial)
         row["rules"] = _rules_cell(found)
         if rid in errors:
             row["error"] = errors[rid]
         result.rows.append(row)
-    result.columns = ["run", "experiment", "run_id", "status", "steps", *value_columns, "rules",
-                      "trial", *(["error"] if errors else [])]
+    order = [(n, s) for n in names for s in stats if (n, s) in read]
+    result.series = {f"{n} · {s}": read[(n, s)] for n, s in order}
+    result.columns = ["run", "experiment", "run_id", "status", "steps",
+                      *[f"{n} {s} (last)" for n, s in order], "rules", "trial",
+                      *(["error"] if errors else [])]
     return result
+
+
+def _difference(result: Comparison, trials: list[Trial | None]) -> None:
+    """The ratios of the two runs, and where they part ways: first in the series read, then
+    in the steps the thinned series skipped before that step (read now)."""
+    labels = (result.labels[0], result.labels[1])
+    result.difference = ratio_panels(result.series, labels)
+    parting = find_parting(result.series, labels, result.rtol)
+    if parting is None or None in trials:
+        result.parting = parting
+        return
+    window: Series = {}
+    for panel, lines in result.series.items():
+        if labels[0] not in lines or labels[1] not in lines:
+            continue
+        before = [s for s in lines[labels[0]][0] if s < parting.step]
+        name, stat = panel.rsplit(" · ", 1)
+        after = before[-1] if before else -1
+        window[panel] = {label: _compare_read.read_between(trial, name, stat, after,
+                                                           parting.step)
+                         for label, trial in zip(labels, trials) if trial is not None}
+    earlier = find_parting(window, labels, result.rtol)
+    result.parting = earlier if earlier is not None and earlier.step < parting.step else parting
 
 
 def _check_statistic(stat: str) -> None:
@@ -231,64 +318,6 @@ def _check_statistic(stat: str) -> None:
             "as abs_<name> (e.g. abs_max)") from None
 
 
-def _check_tensors(trials: dict[str, Trial], patterns: list[str]) -> None:
-    """Raise MltraceValueError when a pattern matches no tensor of any trial, listing the
-    tensors there are (the first 40 of the first trial, and how many in all)."""
-    if not trials:
-        return
-    for pattern in patterns:
-        try:
-            matched = any(analysis.match_tensors(t, [pattern]) for t in trials.values())
-        except Exception as exc:  # re.error: not a valid regular expression
-            raise MltraceValueError(f"--tensor {pattern!r} is not a valid regular expression: "
-                                    f"{exc}") from None
-        if not matched:
-            names = sorted({n for t in trials.values() for n in t.tensor_names()})
-            shown = ", ".join(names[:40]) + (f", ... ({len(names)} in all)" if len(names) > 40
-                                              else "")
-            raise MltraceValueError(
-                f"--tensor {pattern!r} matches no tensor of the {len(trials)} trial(s) compared "
-                f"(a name or a regular expression, re.search); valid tensors: {shown}")
-
-
-def _available_statistics(trials: dict[str, Trial], patterns: list[str]) -> str:
-    """Which statistics the first matching tensor has at its last step, as a sentence."""
-    for trial in trials.values():
-        for name in analysis.match_tensors(trial, patterns):
-            steps = trial.tensor(name).steps()
-            if steps:
-                row = analysis.step_statistics(trial.tensor(name), steps[-1])
-                return f"{name} has: {', '.join(sorted(row or {})) or 'nothing readable'}"
-    return "no matching tensor has a step"
-
-
-def _open_trials(runs: list[Any]) -> tuple[dict[str, Trial], dict[str, str]]:
-    """The trial of each run (its ``mltrace.trial`` tag), and why the others cannot be read."""
-    from mltrace.trials import create_trial
-
-    trials: dict[str, Trial] = {}
-    errors: dict[str, str] = {}
-    for run in runs:
-        try:
-            trials[run.info.run_id] = create_trial(run.data.tags[_keys.TAG_TRIAL], timeout=2)
-        except Exception as exc:
-            errors[run.info.run_id] = f"{type(exc).__name__}: {exc}"
-            logger.warning("run %s: trial %s unreadable: %s", run.info.run_id,
-                           run.data.tags[_keys.TAG_TRIAL], exc)
-    return trials, errors
-
-
-def _default_tensors(trial: Trial | None) -> list[str]:
-    """The tensors compared when none are named: the first trial's losses, else its first four."""
-    if trial is None:
-        return []
-    try:
-        losses = trial.tensor_names(collection="losses")[:4]
-    except MltraceError:
-        losses = []
-    return losses or trial.tensor_names()[:4]
-
-
 def _labels(runs: list[Any], exp_names: dict[str, str]) -> dict[str, str]:
     """``experiment/run name`` per run id, made unique with the run id where names repeat."""
     labels: dict[str, str] = {}
@@ -301,75 +330,11 @@ def _labels(runs: list[Any], exp_names: dict[str, str]) -> dict[str, str]:
     return labels
 
 
-def _statistics(trial: Trial | None, patterns: list[str], stats: list[str],
-                max_steps: int) -> dict[tuple[str, str], tuple[list[int], list[float]]]:
-    """``{(tensor, statistic): (steps, values)}`` of the tensors matching ``patterns`` (global
-    steps, at most ``max_steps`` spread evenly; steps without the statistic left out)."""
-    out: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
-    if trial is None:
-        return out
-    for name in analysis.match_tensors(trial, patterns):
-        series = analysis.tensor_series(trial, name, max_points=max_steps, names=stats)
-        for stat in stats:
-            values = series.values.get(stat, [])
-            points = [(s, v) for s, v in zip(series.steps, values) if v is not None]
-            if points:
-                out[(name, stat)] = ([s for s, _ in points], [v for _, v in points])
-    return out
-
-
 def _rules_cell(found: dict[str, dict[str, Any]]) -> str | None:
     """The table's ``rules`` cell: ``Rule: status @first step; ...`` (None when no rule ran)."""
     return "; ".join(
         f"{rule}: {f.get('status', '?')}" + (f" @{f['first_step']}" if f.get("first_step") else "")
         for rule, f in sorted(found.items())) or None
-
-
-def _write(result: Comparison, runs: list[Any], experiments: Any, filter_string: str,
-           patterns: list[str], stats: list[str]) -> None:
-    """comparison.csv, comparison.json and (when a statistic was read) comparison.png."""
-    result.table_path = os.path.join(result.out_dir, "comparison.csv")
-    with open(result.table_path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=result.columns, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(result.rows)
-    result.json_path = os.path.join(result.out_dir, "comparison.json")
-    with open(result.json_path, "w", encoding="utf-8") as f:
-        json.dump({"experiments": experiments, "filter": filter_string, "tensors": patterns,
-                   "stats": stats, "rows": result.rows, "series": result.series,
-                   "findings": result.findings}, f, indent=1, default=str)
-    if result.series:
-        from .plots import plot_series
-
-        markers = {label: {rule: int(f["first_step"]) for rule, f in found.items()
-                           if f.get("status") == "IssuesFound"
-                           and str(f.get("first_step", "")).lstrip("-").isdigit()}
-                   for label, found in result.findings.items()}
-        png = os.path.join(result.out_dir, "comparison.png")
-        result.plot_path = plot_series(result.series, png, markers, title=f"{len(runs)} runs")
-    else:
-        logger.warning("no statistic could be read for tensors %s: no plot", patterns)
-
-
-def _log(client: Any, result: Comparison, runs: list[Any], experiments: Any, filter_string: str,
-         patterns: list[str], stats: list[str], log_experiment: str) -> str:
-    exp_id = _tracking.experiment_id_for(client, log_experiment)
-    run = client.create_run(exp_id, run_name=f"compare {len(runs)} runs", tags={
-        _keys.TAG_RUN_TYPE: "comparison",
-        "mltrace.compared_runs": _keys.tag_value(",".join(r.info.run_id for r in runs)),
-    })
-    from mlflow.entities import Param
-
-    params = [Param("experiments", _keys.param_value(",".join(experiments or []) or "all")),
-              Param("filter", _keys.param_value(filter_string or "-")),
-              Param("tensors", _keys.param_value(",".join(patterns) or "-")),
-              Param("stats", _keys.param_value(",".join(stats)))]
-    client.log_batch(run.info.run_id, params=params, synchronous=True)
-    for path in (result.table_path, result.json_path, result.plot_path):
-        if path:
-            client.log_artifact(run.info.run_id, path, "comparison")
-    links.end_run(client, run.info.run_id, "FINISHED")
-    return run.info.run_id
 
 
 def _terminal_width() -> int:
@@ -379,16 +344,19 @@ def _terminal_width() -> int:
     return max(60, min(100, shutil.get_terminal_size((100, 24)).columns))
 
 
-# -- the `mltrace compare` command (its arguments are declared in mltrace.cli) ---------------------
+# -- the `mltrace compare` command (its arguments are declared in command.py) --------------
 def run_cli(args: argparse.Namespace) -> int:
     """Run ``mltrace compare``; prints the table and where the files are."""
     result = compare_runs(args.experiments or None, args.filter, args.run_id, args.tensor,
                           args.stat, args.out, max_runs=args.max_runs,
                           tracking_uri=args.tracking_uri, log_to_mlflow=not args.no_log,
-                          log_experiment=args.log_experiment)
+                          log_experiment=args.log_experiment, max_tensors=args.max_tensors,
+                          rtol=args.rtol)
     print(result.to_text(width=_terminal_width()))
-    print(f"\nevery column in full (CSV):\n  {result.table_path}\nplot (PNG):\n  "
-          f"{result.plot_path or '-'}")
+    pages = "\n  ".join(result.plot_paths) or "-"
+    print(f"\nevery column in full (CSV):\n  {result.table_path}\nplot (PNG):\n  {pages}")
+    if result.difference_paths:
+        print("ratios of run 2 to run 1 (PNG):\n  " + "\n  ".join(result.difference_paths))
     if result.mlflow_run_id:
         print(f"logged as MLflow run {result.mlflow_run_id} (artifacts under comparison/)")
     return 0

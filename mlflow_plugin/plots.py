@@ -26,8 +26,11 @@ from mltrace.exceptions import MltraceError, MltraceValueError
 from mltrace.modes import ModeKeys, mode_from
 from mltrace.trials import Trial, create_trial
 
-_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-           "#bcbd22", "#17becf")
+from .series_plots import COLORS as _COLORS
+from .series_plots import SERIES_WIDTH_PX, Mark, Panels, series_figure, series_pages
+
+__all__ = ["SERIES_WIDTH_PX", "compare_trials", "create_interactive_matplotlib_histogram",
+           "plot_distributions", "plot_series", "series_figure", "series_pages", "tensor_values"]
 
 
 def _figure(rows: int, cols: int, width: float = 4.2, height: float = 2.8) -> tuple[Any, Any, list]:
@@ -268,96 +271,18 @@ def _draw_pair(hist_ax: Any, stat_ax: Any, name: str,
         ax.legend(fontsize=7)
 
 
-def plot_series(panels: Mapping[str, Mapping[str, tuple[Sequence[int], Sequence[float]]]],
-                filename: str, markers: Mapping[str, Mapping[str, int]] | None = None,
-                title: str = "") -> str:
+def plot_series(panels: Panels, filename: str,
+                markers: Mapping[str, Mapping[str, int]] | None = None, title: str = "",
+                mark: Mark | None = None) -> str:
     """Line plots, one panel per title with one line per label (``{label: (steps, values)}``);
     ``markers`` (``{label: {text: step}}``) draws dotted vertical lines, e.g. where a rule fired.
-    Used by ``mltrace_mlflow.compare``; see :func:`series_figure` for the layout.
+    Every panel in one file; ``mltrace_mlflow.compare`` writes pages instead
+    (:func:`~mltrace_mlflow.series_plots.series_pages`). See
+    :func:`~mltrace_mlflow.series_plots.series_figure` for the layout.
 
     Returns:
         ``filename``.
     """
-    fig = series_figure(panels, markers, title)
+    fig = series_figure(panels, markers, title, mark)
     fig.savefig(filename)
     return filename
-
-
-#: Width of a series figure in pixels (at 100 dpi): readable on a screen and in MLflow's viewer.
-SERIES_WIDTH_PX = 1600
-
-
-def series_figure(panels: Mapping[str, Mapping[str, tuple[Sequence[int], Sequence[float]]]],
-                  markers: Mapping[str, Mapping[str, int]] | None = None,
-                  title: str = "") -> Any:
-    """The matplotlib Figure of :func:`plot_series`: 1600 px wide, one or two panels per row; a
-    logarithmic y axis where a panel's values span two decades or more (symmetric-log when they
-    include zeros or negatives, so that 1e-9 and 0 stay apart); labelled axes; one legend for
-    all panels below them (runs, and which rule fired where) instead of a legend per panel over
-    the lines; long titles shortened in the middle; constrained layout, so no labels overlap.
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
-    from matplotlib.ticker import MaxNLocator
-
-    if not panels:
-        raise MltraceValueError("nothing to plot")
-    cols = min(2, len(panels))
-    rows = math.ceil(len(panels) / cols)
-    labels = sorted({label for lines in panels.values() for label in lines})
-    legend_rows = math.ceil((len(labels) + sum(len(m) for m in (markers or {}).values())) / 2)
-    dpi = 100
-    fig = Figure(figsize=(SERIES_WIDTH_PX / dpi, 4.2 * rows + 0.9 + 0.28 * legend_rows), dpi=dpi,
-                 layout="constrained")
-    FigureCanvasAgg(fig)
-    axes = [ax for row in fig.subplots(rows, cols, squeeze=False) for ax in row]
-    color = {label: _COLORS[i % len(_COLORS)] for i, label in enumerate(labels)}
-    handles: dict[str, Any] = {}
-    title_chars = 90 if cols == 1 else 70
-    for ax, (name, lines) in zip(axes, panels.items()):
-        values = []
-        for label, (xs, ys) in lines.items():
-            ax.plot(list(xs), list(ys), color=color[label], linewidth=1.6, marker="." if
-                    len(xs) < 30 else None)
-            handles.setdefault(label, Line2D([], [], color=color[label], linewidth=2))
-            values += [float(v) for v in ys if v is not None and math.isfinite(float(v))]
-            for text, step in ((markers or {}).get(label) or {}).items():
-                ax.axvline(step, color=color[label], linestyle=":", linewidth=1.4)
-                handles.setdefault(f"{label}: {text} fired at step {step}",
-                                   Line2D([], [], color=color[label], linestyle=":"))
-        scale = _y_scale(values)
-        if scale == "log":
-            ax.set_yscale("log")
-        elif scale == "symlog":
-            tiny = min(abs(v) for v in values if v != 0)
-            ax.set_yscale("symlog", linthresh=tiny)
-        ax.set_title(_shorten_middle(name, title_chars), fontsize=11)
-        ax.set_xlabel("global step", fontsize=10)
-        ax.set_ylabel(name.rsplit(" · ", 1)[-1] + (" (log scale)" if scale else ""), fontsize=10)
-        ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))
-        ax.tick_params(labelsize=9)
-        ax.grid(True, alpha=0.3)
-    for ax in axes[len(panels):]:
-        ax.set_visible(False)
-    fig.legend(list(handles.values()), [_shorten_middle(t, 80) for t in handles],
-               loc="outside lower center", ncols=2, fontsize=9, frameon=False)
-    if title:
-        fig.suptitle(title, fontsize=12)
-    return fig
-
-
-def _y_scale(values: Sequence[float]) -> str | None:
-    """"log" when positive values span at least two decades, "symlog" when values that span two
-    decades include zeros or negatives, else None (linear)."""
-    nonzero = [abs(v) for v in values if v != 0]
-    if not nonzero or max(nonzero) / min(nonzero) < 100:
-        return None
-    return "log" if all(v > 0 for v in values) else "symlog"
-
-
-def _shorten_middle(text: str, width: int) -> str:
-    if len(text) <= width:
-        return text
-    head = (width - 1) // 2
-    return text[:head] + "…" + text[-(width - 1 - head):]

@@ -13,7 +13,9 @@ The rule run:
   tracking store) when the parent is known, else a top-level run in the active experiment,
   tagged with the trial location;
 - has params ``rule`` and the rule's arguments; metric ``condition_met`` (1 or 0) at every
-  evaluated step; tags ``mltrace.rule_status``, ``mltrace.first_step``, ``mltrace.message``;
+  evaluated step, and the counts ``evaluated_steps`` and ``fired_steps`` as one value each at
+  step 0 (summary values: bars in MLflow's charts, numeric columns in its runs table; see
+  SUMMARY_METRICS); tags ``mltrace.rule_status``, ``mltrace.first_step``, ``mltrace.message``;
   the result JSON as artifact ``mltrace/rule_result.json``; status FAILED if the rule errored
   (its traceback as artifact ``mltrace/traceback.txt``); given an ``execution`` key
   (``mltrace watch`` passes one) it is tagged ``mltrace.watch.execution``, and an execution that
@@ -53,6 +55,15 @@ from .description import STATUS_MARKS
 logger = logging.getLogger(__name__)
 
 METRIC_CONDITION_MET = "condition_met"
+METRIC_EVALUATED_STEPS = "evaluated_steps"
+METRIC_FIRED_STEPS = "fired_steps"
+#: A rule run's counts: one value each, logged at step 0 when the rule ends. Metrics, not params:
+#: the runs table shows them as numeric columns (sorted as numbers, filtered with
+#: ``metrics.fired_steps > 0``), and a resumed run can log them again (a param cannot change).
+#: Step 0, not the last step: MLflow's chart view (3.17) draws a metric whose latest value is at
+#: step 0 as a bar per run, and one at a later step as a line chart, where a single value is a
+#: lone dot.
+SUMMARY_METRICS = (METRIC_EVALUATED_STEPS, METRIC_FIRED_STEPS)
 _FLUSH_SECONDS = 5.0
 
 
@@ -254,11 +265,9 @@ class MlflowRuleListener:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        last = result.fired_steps[-1] if result.fired_steps else 0
-        for metric in state.metrics[-1:]:
-            last = max(last, metric.step)
-        state.metrics += [Metric("evaluated_steps", float(result.evaluated_steps), now, last),
-                          Metric("fired_steps", float(len(result.fired_steps)), now, last)]
+        # Counts, not series: one value each at step 0 (see SUMMARY_METRICS).
+        state.metrics += [Metric(METRIC_EVALUATED_STEPS, float(result.evaluated_steps), now, 0),
+                          Metric(METRIC_FIRED_STEPS, float(len(result.fired_steps)), now, 0)]
         try:
             self._flush(state)
             self._tag_findings(rule, result, state, result.status)

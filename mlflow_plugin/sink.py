@@ -7,6 +7,7 @@ from one part per concern, each in a module of its own:
     _sink_run.py             which run (given, active, or a new one), its tags and params, its end
     _sink_metrics.py         scalars queued on the training thread, sent in batches by a
                              background thread through a helper process; failures, strict hooks
+    _sink_losses.py          the registered losses at every step, not only at saved steps
     _sink_names.py           metric names, mode steps, and names left to MLflow autologging
     _sink_flight_recorder.py the flight recorder's dumps as run tags
     _sink_system_metrics.py  MLflow's system metrics (``system_metrics=True``)
@@ -27,9 +28,10 @@ from mltrace.exceptions import MltraceValueError
 from mltrace.modes import ModeKeys
 from mltrace.writer.failure_log import FailureLog
 
-from . import _system_metrics, _tracking, links
+from . import _sink_losses, _system_metrics, _tracking, links
 from ._sink_artifacts import RunArtifacts
 from ._sink_flight_recorder import DumpTags
+from ._sink_losses import EveryStepLosses
 from ._sink_metrics import MetricBatching
 from ._sink_names import CLAIM_DELAY, MODE_STEP_METRIC
 from ._sink_run import RunLifecycle
@@ -54,6 +56,8 @@ OPTIONS = {
     "metric_prefix": "prefix for every metric name, e.g. 'mltrace/' (default none)",
     "logging_process": "send metrics from a helper process, not this one (default true, or "
                        "MLTRACE_MLFLOW_PROCESS=0 for false; see _transport)",
+    "loss_every_step": "log the registered losses (hook.register_loss) at every step, not only "
+                       "at saved steps (default true; see _sink_losses for the cost)",
     "system_metrics": "have MLflow log system metrics (CPU, memory, disk, network, GPU) in the run "
                       "as system/... (default false; interval: MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL)",
 }
@@ -74,6 +78,7 @@ def create_sink(hook: Any, options: dict[str, Any]) -> Any:
     if options.get("tags") is not None and not isinstance(options["tags"], dict):
         raise MltraceValueError(f"mlflow option tags={options['tags']!r} must be a dict")
     _system_metrics.wanted(options)  # a value that is not a boolean fails here
+    _sink_losses.wanted(options)
     try:
         worker, _ = hook.adapter.worker_identity()
         if worker != hook.adapter.chief_worker():
@@ -106,7 +111,8 @@ class NullSink:
         """Nothing to close."""
 
 
-class MlflowSink(RunLifecycle, MetricBatching, DumpTags, SinkSystemMetrics, RunArtifacts):
+class MlflowSink(RunLifecycle, MetricBatching, EveryStepLosses, DumpTags, SinkSystemMetrics,
+                 RunArtifacts):
     """Logs a hook's scalars, configuration and trial to one MLflow run (see the module doc)."""
 
     def __init__(self, hook: Any, options: dict[str, Any]) -> None:
@@ -143,6 +149,7 @@ class MlflowSink(RunLifecycle, MetricBatching, DumpTags, SinkSystemMetrics, RunA
         self._prepare_metrics()
         self._start_system_metrics(mlflow)
         self._start_batching()
+        self._prepare_losses()  # last: a sink that failed to start watches nothing
         logger.info("mltrace logs to MLflow run %s (experiment %s, %s)%s", self.run_id,
                     self.experiment_id, self.tracking_uri,
                     f": {url}" if (url := links.run_url(self.tracking_uri, self.experiment_id,
@@ -153,6 +160,7 @@ class MlflowSink(RunLifecycle, MetricBatching, DumpTags, SinkSystemMetrics, RunA
         if self._closed:
             return
         self._closed = True
+        self._stop_watching_losses()
         if self._params is None:
             self._params = self._safe_hook_params()
         self._stop_batching()

@@ -1,0 +1,134 @@
+"""Where two runs part ways: the difference view of ``mltrace compare`` on two runs.
+
+For each tensor and statistic both runs have, the ratio of the second run's value to the first
+run's at each step both saved; the runs *part ways* at the first step where, for some tensor,
+the two values differ by more than ``rtol`` of the larger one (``|b - a| > rtol * max(|a|, |b|)``;
+two NaNs, or two equal infinities, agree). Two runs of the same code, seed and data agree
+exactly until something changes; the first step and tensor that differ are where to look (a
+layer whose weights were changed, the first layer a different learning rate moves). When
+several tensors part ways at that step, the one with the largest difference (by
+``|log(b / a)|``; ties in natural order) is named, and the others are listed.
+
+The ratios are the view to plot: a flat line at 1 while the runs agree.
+
+Example:
+    >>> series = {"fc1.weight · mean": {"a": ([0, 5, 10], [1.0, 1.0, 1.0]),
+    ...                                 "b": ([0, 5, 10], [1.0, 1.0, 1.5])}}
+    >>> find_parting(series, ("a", "b")).step
+    10
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from mltrace.analysis.order import natural_key
+
+#: Relative difference above which two values differ (0.1%): float noise of a non-deterministic
+#: kernel stays far below it, a changed layer or learning rate goes far above.
+DEFAULT_RTOL = 1e-3
+
+#: ``(steps, values)`` of one run
+Line = tuple[Sequence[int], Sequence[float]]
+
+
+@dataclass
+class Parting:
+    """The first step where two runs differ, and the panel (``tensor · statistic``) that
+    differs most there."""
+
+    step: int
+    panel: str
+    value_a: float
+    value_b: float
+    #: value_b / value_a (inf where value_a is 0 and value_b is not)
+    ratio: float
+    #: the other panels that part ways at the same step, most different first
+    others: list[str] = field(default_factory=list)
+
+    @property
+    def tensor(self) -> str:
+        """The tensor of :attr:`panel`."""
+        return self.panel.rsplit(" · ", 1)[0]
+
+    @property
+    def statistic(self) -> str:
+        """The statistic of :attr:`panel`."""
+        return self.panel.rsplit(" · ", 1)[-1]
+
+
+def differs(a: float, b: float, rtol: float = DEFAULT_RTOL) -> bool:
+    """True when ``a`` and ``b`` differ by more than ``rtol`` of the larger (see the module
+    docstring); NaN differs from any number but not from NaN."""
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) != math.isnan(b)
+    if a == b:
+        return False
+    return not abs(b - a) <= rtol * max(abs(a), abs(b))
+
+
+def ratio(a: float, b: float) -> float:
+    """``b / a``: 1 where both are equal (zeros, infinities, NaNs included), ±inf where only
+    ``a`` is 0."""
+    if a == b or (math.isnan(a) and math.isnan(b)):
+        return 1.0
+    if a == 0:
+        return math.copysign(math.inf, b)
+    return b / a
+
+
+def ratio_line(a: Line, b: Line) -> tuple[list[int], list[float]]:
+    """``b / a`` at each step both lines have."""
+    known = dict(zip(a[0], a[1]))
+    steps, ratios = [], []
+    for step, value in zip(b[0], b[1]):
+        if step in known:
+            steps.append(int(step))
+            ratios.append(ratio(float(known[step]), float(value)))
+    return steps, ratios
+
+
+def ratio_panels(series: Mapping[str, Mapping[str, Line]],
+                 labels: tuple[str, str]) -> dict[str, dict[str, tuple[list[int], list[float]]]]:
+    """The difference view: ``{panel: {"b / a": (steps, ratios)}}`` for each panel where both
+    runs have a line; infinite ratios are left out of the lines (a plot cannot show them)."""
+    first, second = labels
+    out: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
+    for panel, lines in series.items():
+        if first in lines and second in lines:
+            steps, ratios = ratio_line(lines[first], lines[second])
+            kept = [(s, r) for s, r in zip(steps, ratios) if math.isfinite(r)]
+            out[panel] = {f"{second} / {first}": ([s for s, _ in kept], [r for _, r in kept])}
+    return out
+
+
+def find_parting(series: Mapping[str, Mapping[str, Line]], labels: tuple[str, str],
+                 rtol: float = DEFAULT_RTOL) -> Parting | None:
+    """Where runs ``labels[0]`` and ``labels[1]`` part ways in ``series`` (``{panel: {label:
+    (steps, values)}}``), or None when they agree at every step both have."""
+    first, second = labels
+    found: list[tuple[int, float, str, float, float]] = []  # (step, -distance, panel, a, b)
+    for panel, lines in series.items():
+        if first not in lines or second not in lines:
+            continue
+        known = dict(zip(lines[first][0], lines[first][1]))
+        for step, b in sorted(zip(lines[second][0], lines[second][1])):
+            if step in known and differs(float(known[step]), float(b), rtol):
+                a = float(known[step])
+                found.append((int(step), -_distance(a, float(b)), panel, a, float(b)))
+                break
+    if not found:
+        return None
+    step = min(f[0] for f in found)
+    there = sorted((f for f in found if f[0] == step), key=lambda f: (f[1], natural_key(f[2])))
+    _, _, panel, a, b = there[0]
+    return Parting(step, panel, a, b, ratio(a, b), [f[2] for f in there[1:]])
+
+
+def _distance(a: float, b: float) -> float:
+    """How far apart two differing values are: ``|log(b / a)|``, infinite for a sign change, a
+    zero or a NaN on one side."""
+    r = ratio(a, b)
+    return abs(math.log(r)) if math.isfinite(r) and r > 0 else math.inf
