@@ -6,6 +6,9 @@ and reject smdebug's fixed CRC), so ``--logdir`` gets the trials' ``tensorboard/
 * one local trial: ``--logdir <trial>/tensorboard``;
 * several local trials: a temporary folder of links ``<name> -> <trial>/tensorboard`` (both of
   TensorBoard's loaders follow links, so ``--load_fast`` stays available), removed at exit;
+* ``--print-command``: no folder at all, as the printed command outlives this process: the
+  trials' ``tensorboard/`` paths (``--logdir`` for one, ``--logdir_spec name:path,...`` for
+  several, which TensorBoard reads with its Python loader), a missing one simply showing nothing;
 * remote (s3://): ``--logdir`` (one trial) or ``--logdir_spec name:uri,...``, the Python loader
   (the only one that reads S3), ``S3_ENDPOINT`` from ``AWS_ENDPOINT_URL`` for S3-compatible
   servers, and TensorBoard's own TensorFlow stub, whose S3 file system uses boto3 (TensorFlow's
@@ -64,9 +67,13 @@ def _has_export(location: str) -> bool:
 
 
 def build_launch(
-    target: str, extra: list[str] | None = None, environ: dict[str, str] | None = None
+    target: str, extra: list[str] | None = None, environ: dict[str, str] | None = None,
+    make_folders: bool = True,
 ) -> Launch:
     """Find the trials under ``target`` and build TensorBoard's command line.
+
+    ``make_folders=False`` (a printed command) makes no temporary folder: the trials' export
+    paths are passed as they are, whether they exist or not (see the module's docstring).
 
     Raises:
         MltraceValueError: no trial under ``target``.
@@ -85,7 +92,7 @@ def build_launch(
     exports = [
         (n, f"{loc.rstrip('/')}/{paths.TENSORBOARD_DIR}")
         for n, (_, loc) in zip(names, trials)
-        if _has_export(loc)
+        if _has_export(loc) or not make_folders
     ]
     launch = Launch(argv=[], env={}, trials=trials, stub_tensorflow=remote)
     if remote:
@@ -104,6 +111,8 @@ def build_launch(
             launch.env["S3_ENDPOINT"] = endpoint
     elif len(trials) == 1:
         logdir_args = ["--logdir", exports[0][1] if exports else _empty_dir(launch)]
+    elif not make_folders:
+        logdir_args = ["--logdir_spec", ",".join(f"{_spec_name(n)}:{os.path.abspath(e)}" for n, e in exports)]
     else:
         logdir_args = ["--logdir", _link_farm(launch, exports)]
     if not any(a.startswith("--samples_per_plugin") for a in extra):
@@ -153,11 +162,11 @@ def run_cli(args: argparse.Namespace) -> int:
     """``mltrace tensorboard``: print what was found, then run TensorBoard until it exits."""
     extra = list(args.tensorboard_args or [])
     launch = build_launch(
-        args.target, [a for a in extra if a != "--"] if "--" in extra[:1] else extra
+        args.target, [a for a in extra if a != "--"] if "--" in extra[:1] else extra,
+        make_folders=not args.print_command,  # a printed command outlives this process
     )
-    if not args.print_command:  # a printed command keeps its link folder
-        for folder in launch.cleanup:
-            atexit.register(shutil.rmtree, folder, True)
+    for folder in launch.cleanup:
+        atexit.register(shutil.rmtree, folder, True)
     print(f"mltrace: {len(launch.trials)} trial(s) under {args.target}:", file=sys.stderr)
     for rel, location in launch.trials:
         print(f"  {rel or '.'}  ({location})", file=sys.stderr)

@@ -30,7 +30,7 @@ from mltrace.reductions import COUNT_REDUCTIONS, canonical_name, reduction_tenso
 from mltrace.storage.base import Storage
 from mltrace.writer import TrialWriter
 from mltrace.writer.failure_log import FailureLog
-from mltrace.writer.tensorboard import TensorBoardWriter, clean_tag
+from mltrace.writer.tensorboard import TensorBoardWriter
 
 logger = logging.getLogger("mltrace.capture.hook")
 
@@ -271,7 +271,7 @@ class Outputs:
         if histo is not None and not on_host and self._adapter.bins_on_device(value):
             binned = self._adapter.device_histogram(value)  # only the counts leave the device
             if binned is not None:
-                self.tensorboard.add_binned_histogram(mode, step, f"{histo.name}/{clean_tag(name)}",
+                self.tensorboard.add_binned_histogram(mode, step, self.tensorboard.histogram_tag(histo.name, name),
                                                       binned)
             histo = None
         if not scalar and histo is None:
@@ -282,7 +282,7 @@ class Outputs:
         if scalar and host.size == 1 and host.dtype.kind in "biuf":
             self.tensorboard.add_scalar(mode, step, name, float(host.reshape(-1)[0]))
         if histo is not None:
-            self.tensorboard.add_histogram(mode, step, f"{histo.name}/{clean_tag(name)}", host)
+            self.tensorboard.add_histogram(mode, step, self.tensorboard.histogram_tag(histo.name, name), host)
         return array
 
     def _write_reductions(self) -> None:

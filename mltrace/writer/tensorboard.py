@@ -95,6 +95,18 @@ def clean_tag(name: str) -> str:
     return _TAG_CHARS.sub("_", name).lstrip("/")
 
 
+def histogram_tag(collection: str, name: str) -> str:
+    """The tag of a tensor's histogram: ``<collection>/<name>``, without the name's first part
+    where that part only repeats the collection (``gradient/`` or ``gradients/`` in collection
+    ``gradients``), so TensorBoard shows ``gradients/fc.weight``, not smdebug's
+    ``gradients/gradient/fc.weight``. :meth:`TensorBoardWriter.histogram_tag` keeps tags unique."""
+    tag = clean_tag(name)
+    head, sep, rest = tag.partition("/")
+    if sep and rest and collection in (head, head + "s"):
+        tag = rest
+    return f"{collection}/{tag}"
+
+
 def histogram_fields(values: np.ndarray) -> bytes | None:
     """The encoded HistogramProto of ``values`` (its finite ones), or None if there are none."""
     parts = histogram_field_parts(values)
@@ -166,6 +178,8 @@ class TensorBoardWriter:
         self._files: dict[ModeKeys, str] = {}
         self._closed = False
         self._discarding = False
+        self._histogram_tags: dict[tuple[str, str], str] = {}  # (collection, tensor) -> tag
+        self._tag_owners: dict[str, tuple[str, str]] = {}
         folder = self.storage.local_folder
         if folder is not None:  # the folder is there once the export starts (smdebug made it too)
             os.makedirs(folder, exist_ok=True)
@@ -174,6 +188,20 @@ class TensorBoardWriter:
         self.events_written = 0
 
     # -- training thread ------------------------------------------------------------------------
+    def histogram_tag(self, collection: str, name: str) -> str:
+        """:func:`histogram_tag`, unique in this writer: a tensor whose short tag another tensor
+        holds already (``gradient/w`` and ``w`` both in one collection) keeps the long one."""
+        key = (collection, name)
+        tag = self._histogram_tags.get(key)
+        if tag is None:
+            tag = histogram_tag(collection, name)
+            full, n = f"{collection}/{clean_tag(name)}", 0
+            while self._tag_owners.setdefault(tag, key) != key:  # taken: the long tag, then numbered
+                n += 1
+                tag = full if n == 1 else f"{full}_{n - 1}"
+            self._histogram_tags[key] = tag
+        return tag
+
     def add_scalar(self, mode: ModeKeys, step: int, tag: str, value: float, wall_time: float | None = None) -> None:
         """Queue a scalar summary (written as a float32 ``simple_value``)."""
         self._put(("s", mode, step, clean_tag(tag), float(value), time.time() if wall_time is None else wall_time))
@@ -398,4 +426,5 @@ def resolve_tensorboard_dir(out_dir: str, export_tensorboard: bool, tensorboard_
     return None
 
 
-__all__ = ["TensorBoardWriter", "clean_tag", "histogram_fields", "resolve_tensorboard_dir", "DEFAULT_BINS"]
+__all__ = ["TensorBoardWriter", "clean_tag", "histogram_fields", "histogram_tag", "resolve_tensorboard_dir",
+           "DEFAULT_BINS"]

@@ -1,5 +1,6 @@
 // mltrace tab: the Collections panel (each collection, its configuration and tensors).
 
+import {emptyCollectionsText, splitCollections} from "./collections_data.js";
 import {el, runSections} from "./dom.js";
 
 function saveConfigText(sc) {
@@ -16,7 +17,8 @@ export function collectionsPanel(ctx) {
   return runSections(ctx, "collections", (section, answer) => {
     const table = el("table", {class: "mt-table mt-collections"},
       el("tr", {}, ["Collection", "Include regexes", "Save config", "Reductions", "Histogram", "Tensors"].map((h) => el("th", {}, h))));
-    for (const c of answer.collections) {
+    const {shown, empty} = splitCollections(answer.collections);
+    for (const c of shown) {
       const rc = c.reduction_config;
       const reds = [rc.reductions, rc.mltrace_reductions].filter(Boolean).join(",") || "(none)";
       table.appendChild(el("tr", {},
@@ -29,5 +31,10 @@ export function collectionsPanel(ctx) {
           el("ul", {}, c.tensors.map((t) => el("li", {}, t)))))));
     }
     section.appendChild(table);
+    if (empty.length) {  // declared, nothing saved in this trial: named, not listed
+      section.appendChild(el("details", {class: "mt-empty-collections"},
+        el("summary", {}, emptyCollectionsText(empty.length)),
+        el("div", {class: "mt-note"}, empty.map((c) => c.name).join(", "))));
+    }
   });
 }

@@ -23,6 +23,26 @@ export function fmt(v) {
   return String(Number(x.toPrecision(4)));
 }
 
+/** Round ticks for a linear axis from lo to hi: multiples of 1, 2 or 5 times a power of ten, about
+ * ``count`` of them, all inside [lo, hi], free of float noise (0.30000000000000004), so that their
+ * labels read 0.1, 0.2, 0.3 rather than an edge value such as 0.2973. */
+export function niceTicks(lo, hi, count = 5) {
+  if (!Number.isFinite(lo) || !Number.isFinite(hi) || !(hi > lo)) return Number.isFinite(lo) ? [lo] : [];
+  const raw = (hi - lo) / Math.max(1, count - 1);
+  if (!Number.isFinite(raw) || raw <= 0) return [lo, hi];  // beyond float range: the ends
+  const pow = 10 ** Math.floor(Math.log10(raw));
+  let step = [1, 2, 5, 10].map((m) => m * pow)
+    .reduce((a, b) => (Math.abs(Math.log(b / raw)) < Math.abs(Math.log(a / raw)) ? b : a));
+  for (;;) {  // halved until two ticks fit (a range narrower than its nearest round step)
+    const ticks = [];
+    for (let k = Math.ceil(lo / step - 1e-9); k * step <= hi + step * 1e-9; k++) {
+      ticks.push(Number((k * step).toPrecision(12)));
+    }
+    if (ticks.length >= 2) return ticks;
+    step /= 2;
+  }
+}
+
 /** A tick label of a log axis: whole decades as 1e-3, 0.01, 1, 100, 1e4. */
 export function decadeLabel(v) {
   const e = Math.round(Math.log10(v));
@@ -45,6 +65,16 @@ export function axisTick(v, floor) {
 }
 
 // -- names --------------------------------------------------------------------------------------
+/** A long name cut in its middle ("GPT_blocks.1…attn.weight"), so that both its start and its
+ * end (".weight" or ".bias", what tells tensors apart) stay in sight in a narrow dropdown; at most
+ * ``max`` characters (code points). The whole name goes in the option's title. */
+export function shortName(name, max = 60) {
+  const chars = [...String(name)];
+  if (chars.length <= max) return String(name);
+  const tail = Math.ceil((max - 1) / 2), head = max - 1 - tail;
+  return `${chars.slice(0, head).join("")}…${chars.slice(chars.length - tail).join("")}`;
+}
+
 /** The tab's filter over tensor names: a regular expression (case-insensitive, anywhere in the
  * name), or the text itself when it is not a valid one (as tb_plugin/overview.py name_filter). */
 export function nameMatcher(pattern) {

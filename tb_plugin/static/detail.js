@@ -9,7 +9,7 @@ import uPlot from "./uPlot.esm.js";
 import {clear, el, getJSON, note, svgEl} from "./dom.js";
 import {naturalCompare} from "./overview_rows.js";
 import {
-  alignLines, axisTick, defaultStatistics, filterNames, fmt, histogramNote, histogramRange, isScalar,
+  alignLines, axisTick, defaultStatistics, filterNames, fmt, histogramNote, histogramRange, isScalar, niceTicks, shortName,
   num, seriesLines, seriesStatistics, stepLabel,
 } from "./data.js";
 
@@ -36,7 +36,7 @@ function chooser(ctx) {
     const shown = filterNames(all, s.filter);
     if (s.tensor && !shown.includes(s.tensor)) shown.unshift(s.tensor);
     select.append(el("option", {value: ""}, `(choose: ${shown.length} of ${all.length} tensors)`));
-    for (const n of shown) select.append(el("option", {value: n, selected: n === s.tensor}, n));
+    for (const n of shown) select.append(el("option", {value: n, title: n, selected: n === s.tensor}, shortName(n)));
   };
   fill();
   const filter = el("input", {type: "search", id: "mt-filter", class: "mt-filter", placeholder: "filter tensors (regex or text)",
@@ -210,7 +210,7 @@ async function drawHistograms(ctx, answer, box) {
 }
 
 function ridgeline(a, range) {
-  const W = 420, rowH = 12, top = 34, L = 92, R = 10;
+  const W = 420, rowH = 12, top = 34, L = 92, R = 28;  // R: room for the last tick's label
   const n = a.steps.length;
   const H = top + rowH * n + 26;
   const svg = svgEl("svg", {class: "mt-histograms", viewBox: `0 0 ${W} ${H}`, width: W, height: H});
@@ -237,7 +237,7 @@ function ridgeline(a, range) {
       svg.appendChild(t);
     }
   });
-  for (const v of [lo, (lo + hi) / 2, hi]) {
+  for (const v of niceTicks(lo, hi, 4)) {
     const t = svgEl("text", {x: px(v), y: H - 6, class: "mt-axis", "text-anchor": "middle"});
     t.textContent = fmt(v);
     svg.appendChild(t);

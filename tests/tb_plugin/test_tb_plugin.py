@@ -318,6 +318,25 @@ def test_cli_prints_the_command(logdir, capsys):
     assert main(["tensorboard", "--print-command", str(logdir / "plain")]) == 2
 
 
+def test_print_command_leaves_no_temporary_folder(logdir, tmp_path):
+    # Several trials once made a link folder that --print-command kept; one trial with no
+    # export an empty one. A real process, its temporary folders pointed at an empty folder.
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    for target in (logdir, logdir / "runLong"):
+        done = subprocess.run([sys.executable, "-m", "mltrace.cli", "tensorboard", "--print-command",
+                               str(target)], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert os.listdir(tmp) == [], (target, done.stdout)
+    assert f"--logdir {logdir / 'runLong' / 'tensorboard'} " in done.stdout  # the hook's export folder
+    many = launch.build_launch(str(logdir), make_folders=False)
+    assert many.cleanup == [] and "--logdir" not in many.argv
+    spec = many.argv[many.argv.index("--logdir_spec") + 1]
+    assert spec == ",".join(f"{name.replace('/', '_')}:{logdir / name / 'tensorboard'}"
+                            for name in ("exp1/runA", "runLong", "runW"))
+
+
 def test_hook_export_and_plugin_share_one_trial(tmp_path):
     # The default export location is what the plugin and the launcher look for.
     hook = smd.Hook(out_dir=str(tmp_path / "t"), export_tensorboard=True)

@@ -163,9 +163,28 @@ def test_hook_export_is_read_whole_and_in_order_by_tensorboard(tmp_path):
         assert [e.step for e in acc.Histograms("weights/Sequential_0.weight")] == list(steps)
     train_tags = _accumulator(tb / "TRAIN").Tags()
     assert "scalar/lr" in train_tags["scalars"]  # save_scalar, in the step (and mode) it was called in
-    assert "gradients/gradient/Sequential_0.weight" in train_tags["histograms"]
+    assert "gradients/Sequential_0.weight" in train_tags["histograms"]
     assert not any(t.startswith("losses/") for t in train_tags["histograms"])  # scalar collections: no histograms
-    assert "gradients/gradient/Sequential_0.weight" not in _accumulator(tb / "EVAL").Tags()["histograms"]
+    assert "gradients/Sequential_0.weight" not in _accumulator(tb / "EVAL").Tags()["histograms"]
+
+
+def test_histogram_tags_do_not_repeat_the_collection_prefix(tmp_path):
+    _train(tmp_path / "run", steps=2, eval_steps=0, export_tensorboard=True)
+    tags = _accumulator(tmp_path / "run" / "tensorboard" / "TRAIN").Tags()["histograms"]
+    assert not any(t.startswith("gradients/gradient/") for t in tags), tags
+    grads = sorted(t for t in tags if t.startswith("gradients/"))
+    assert grads == ["gradients/Sequential_0.bias", "gradients/Sequential_0.weight",
+                     "gradients/Sequential_2.bias", "gradients/Sequential_2.weight"]
+    assert len(tags) == len(set(tags))
+
+
+def test_histogram_tags_stay_unique_when_short_tags_meet(tmp_path):
+    writer = tbx.TensorBoardWriter(str(tmp_path / "tb"))
+    assert tbx.histogram_tag("gradients", "gradients/net/d1/kernelGrad") == "gradients/net/d1/kernelGrad"
+    assert tbx.histogram_tag("weights", "Sequential_0.weight") == "weights/Sequential_0.weight"
+    tags = [writer.histogram_tag("gradients", n) for n in ("gradient/w", "w", "gradient/w", "gradients/w")]
+    assert tags == ["gradients/w", "gradients/w_1", "gradients/w", "gradients/gradients/w"]
+    writer.close()
 
 
 def test_export_files_start_with_file_version_and_carry_real_crcs(tmp_path):
