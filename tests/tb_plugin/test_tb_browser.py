@@ -8,6 +8,7 @@ and stopped by PID (their process group: ``mltrace tensorboard`` runs TensorBoar
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -57,18 +59,39 @@ def _get(url: str) -> object:
         return json.loads(r.read())
 
 
-def _wait_until_serving(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120) -> None:
+def _wait_until_serving(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120,
+                        runs: int | None = None) -> None:
+    """Until TensorBoard serves the tab with trials in it (with ``runs``: until the tab lists
+    that many, for trials without a TensorBoard export, which TensorBoard's own /data/runs
+    never lists)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"tensorboard exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
         try:
-            if _get(f"{url}/data/runs") and _get(f"{url}/data/plugin/mltrace/runs")["runs"]:
+            listed = _get(f"{url}/data/plugin/mltrace/runs")["runs"]
+            if len(listed) == runs if runs is not None else (_get(f"{url}/data/runs") and listed):
                 return
         except OSError:
             pass
         time.sleep(0.5)
     raise RuntimeError(f"tensorboard not serving after {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+@contextlib.contextmanager
+def mltrace_tensorboard(logs: Path, runs: int | None = None) -> Iterator[str]:
+    """``mltrace tensorboard`` on ``logs``/exp (Rust loader, reloading every second) from its
+    first useful answer (see _wait_until_serving) to its stop; yields its URL."""
+    port = free_port()
+    log = logs / "mltrace_tensorboard.log"
+    proc = _start([f"{BIN}/mltrace", "tensorboard", str(logs / "exp"), "--host", "127.0.0.1", "--port", str(port),
+                   "--load_fast=true", "--reload_interval", "1"], log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_until_serving(url, proc, log, runs=runs)
+        yield url
+    finally:
+        _stop(proc)
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -100,16 +123,8 @@ def logs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def fast_server(logs):
     """``mltrace tensorboard`` with the Rust loader (--load_fast=true)."""
-    port = free_port()
-    log = logs / "mltrace_tensorboard.log"
-    proc = _start([f"{BIN}/mltrace", "tensorboard", str(logs / "exp"), "--host", "127.0.0.1", "--port", str(port),
-                   "--load_fast=true", "--reload_interval", "1"], log)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_until_serving(url, proc, log)
+    with mltrace_tensorboard(logs) as url:
         yield url
-    finally:
-        _stop(proc)
 
 
 @pytest.fixture(scope="module")

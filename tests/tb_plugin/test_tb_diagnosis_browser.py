@@ -22,17 +22,13 @@ from mltrace.storage import open_storage
 from mltrace.trials import create_trial
 from tests.diagnosis.test_diagnose import STEPS, poisoned_samples, train
 from tests.support.browser import headless_chromium
-from tests.support.servers import free_port
 from tests.support.tb_trials import GRAD, LOSS, make_torch_trial
 from tests.tb_plugin.test_tb_browser import (
-    BIN,
     _get,
     _open_tab,
     _runs,
     _shot,
-    _start,
-    _stop,
-    _wait_until_serving,
+    mltrace_tensorboard,
 )
 
 ONSET_RGB = [230, 81, 0]  # #e65100, the onset line's and the origin outline's colour
@@ -74,16 +70,8 @@ def logs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def fast_server(logs):
     """``mltrace tensorboard`` on the trials (Rust loader)."""
-    port = free_port()
-    log = logs / "mltrace_tensorboard.log"
-    proc = _start([f"{BIN}/mltrace", "tensorboard", str(logs / "exp"), "--host", "127.0.0.1", "--port", str(port),
-                   "--load_fast=true", "--reload_interval", "1"], log)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_until_serving(url, proc, log)
+    with mltrace_tensorboard(logs) as url:
         yield url
-    finally:
-        _stop(proc)
 
 
 @pytest.fixture(scope="module")

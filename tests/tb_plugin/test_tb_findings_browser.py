@@ -11,7 +11,6 @@ tb_nonfinite_values.png, tb_rules_expanded.png.
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -23,16 +22,12 @@ from mltrace.rules.results import ISSUES_FOUND, NO_ISSUES_FOUND, RuleResult
 from mltrace.storage import open_storage
 from tests.support.browser import headless_chromium
 from tests.support.rule_trials import write_trial
-from tests.support.servers import free_port
 from tests.tb_plugin.test_tb_browser import (
-    BIN,
-    _get,
     _open_tab,
     _panel,
     _runs,
     _shot,
-    _start,
-    _stop,
+    mltrace_tensorboard,
 )
 
 GRAD_B = "gradient/Sequential_0.bias"
@@ -77,33 +72,10 @@ def logs(tmp_path_factory):
     return root
 
 
-def _wait_for_the_tab(url: str, proc, log, timeout: float = 120) -> None:
-    """Until the tab lists both trials (they have no TensorBoard export: TensorBoard's own
-    /data/runs stays empty, unlike test_tb_browser's trials)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        try:
-            if len(_get(f"{url}/data/plugin/mltrace/runs")["runs"]) == 2:
-                return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"the mltrace tab is not serving after {timeout} s:\n{log.read_text()[-3000:]}")
-
-
 @pytest.fixture(scope="module")
 def server(logs):
-    port = free_port()
-    log = logs / "mltrace_tensorboard.log"
-    proc = _start([f"{BIN}/mltrace", "tensorboard", str(logs / "exp"), "--host", "127.0.0.1", "--port", str(port),
-                   "--load_fast=true", "--reload_interval", "1"], log)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_for_the_tab(url, proc, log)
+    with mltrace_tensorboard(logs, runs=2) as url:  # no TensorBoard export: the tab lists both
         yield url
-    finally:
-        _stop(proc)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ Screenshots are kept in test-artifacts/ (git-ignored): tb_overview_depth*.png.
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from selenium.webdriver.common.action_chains import ActionChains
@@ -19,8 +18,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
 from tests.support.browser import headless_chromium
-from tests.support.servers import free_port
-from tests.tb_plugin.test_tb_browser import BIN, _get, _open_tab, _runs, _shot, _start, _stop
+from tests.tb_plugin.test_tb_browser import _open_tab, _runs, _shot, mltrace_tensorboard
 from tests.tb_plugin.test_tb_overview_depth import LINEAR, make_mlp_trial
 
 #: The gradients in model order: input layer first (each layer's bias, weight), output last.
@@ -38,34 +36,10 @@ def logs(tmp_path_factory):
     return root
 
 
-def _serving(url: str, proc, log, timeout: float = 120) -> None:
-    """Wait until the tab lists both trials (they have no TensorBoard export: TensorBoard's own
-    /data/runs stays empty)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"tensorboard exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            if len(_get(f"{url}/data/plugin/mltrace/runs")["runs"]) == 2:
-                return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"tensorboard not serving after {timeout} s:\n{log.read_text()[-3000:]}")
-
-
 @pytest.fixture(scope="module")
 def server(logs):
-    port = free_port()
-    log = logs / "mltrace_tensorboard.log"
-    proc = _start([f"{BIN}/mltrace", "tensorboard", str(logs / "exp"), "--host", "127.0.0.1", "--port", str(port),
-                   "--load_fast=true", "--reload_interval", "1"], log)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _serving(url, proc, log)
+    with mltrace_tensorboard(logs, runs=2) as url:  # no TensorBoard export: the tab lists both
         yield url
-    finally:
-        _stop(proc)
 
 
 @pytest.fixture(scope="module")
