@@ -48,6 +48,7 @@ ENTRY_POINTS = {
     "tensorboard_plugins": {"mltrace": "mltrace_tb.loader:MltracePluginLoader"},
     "mlflow.run_context_provider": {"mltrace": "mltrace_mlflow.context:MltraceRunContextProvider"},
     "mltrace.sinks": {"mlflow": "mltrace_mlflow.sink:create_sink"},
+    "mltrace.diagnosis_listeners": {"mlflow": "mltrace_mlflow.diagnosis:tag_training_run"},
     "mltrace.rule_listeners": {"mlflow": "mltrace_mlflow.rules:create_listener"},
     "mltrace.commands": {"compare": "mltrace_mlflow.command:add_command",
                          "tensorboard": "mltrace_tb.command:add_command",
@@ -250,12 +251,13 @@ def test_the_mlflow_extra_loads_every_mlflow_entry_point(venv, dists, tmp_path):
         "from importlib.metadata import entry_points\n"
         "from mltrace import plugins\n"
         "for group in ('mltrace.sinks', 'mltrace.rule_listeners', 'mltrace.commands',\n"
-        "              'mlflow.run_context_provider', 'tensorboard_plugins'):\n"
+        "              'mltrace.diagnosis_listeners', 'mlflow.run_context_provider'):\n"
         "    for ep in entry_points(group=group):\n"
         "        if ep.value.startswith('mltrace'):\n"
         "            obj = ep.load()\n"
         "            print(group, ep.name, obj.__module__ + ':' + obj.__name__)\n"
-        "for registry in (plugins.sinks, plugins.rule_listeners, plugins.commands):\n"
+        "for registry in (plugins.sinks, plugins.rule_listeners, plugins.commands,\n"
+        "                 plugins.diagnosis_listeners):\n"
         "    print(registry.group, registry.names(), registry.failures)\n"
         "import os\n"
         "os.environ['MLTRACE_TRIAL'] = '/some/trial'\n"
@@ -265,10 +267,13 @@ def test_the_mlflow_extra_loads_every_mlflow_entry_point(venv, dists, tmp_path):
     assert "Failure attempting to register" not in out, out  # MLflow's warning for a provider
     lines = out.splitlines()
     loaded = {tuple(line.split()) for line in lines if len(line.split()) == 3}
+    # the TensorBoard tab's loader needs the tensorboard extra: its own test above loads it
     assert loaded >= {(group, name, value) for group, names in ENTRY_POINTS.items()
-                      if group != "console_scripts" for name, value in names.items()}
+                      if group not in ("console_scripts", "tensorboard_plugins")
+                      for name, value in names.items()}
     assert "mltrace.sinks ['mlflow'] {}" in lines
     assert "mltrace.rule_listeners ['mlflow'] {}" in lines
     assert "mltrace.commands ['compare', 'tensorboard', 'watch'] {}" in lines
+    assert "mltrace.diagnosis_listeners ['mlflow'] {}" in lines
     # MLflow itself calls the provider: a run started now would be tagged with the trial
     assert "tags /some/trial" in lines
