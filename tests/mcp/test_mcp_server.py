@@ -289,3 +289,22 @@ def test_an_s3_root(s3_server, monkeypatch):
             read_tensor(root, trial, "loss")
     with pytest.raises(RuntimeError, match="Listing is not available"):
         list_trials(TrialRoot(f"s3://{bucket}-missing/jobs"))
+
+
+def test_the_client_configuration_in_readme_starts_this_server(trials):
+    """README's ``mcpServers`` entry, as an MCP client would run it (the ``mltrace`` script on
+    PATH), with its placeholder root replaced by a real one."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    block = readme.split("```json\n", 1)[1].split("```", 1)[0]
+    entry = json.loads(block)["mcpServers"]["mltrace"]
+    assert entry["command"] == "mltrace" and "/path/to/trials" in entry["args"]
+    args = [str(trials) if a == "/path/to/trials" else a for a in entry["args"]]
+    script = Path(sys.executable).parent / entry["command"]
+    params = StdioServerParameters(command=str(script), args=args, cwd=str(REPO))
+    with start_blocking_portal() as portal, \
+            portal.wrap_async_context_manager(stdio_client(params)) as (read, write), \
+            portal.wrap_async_context_manager(ClientSession(read, write)) as session:
+        portal.call(session.initialize)
+        assert {t.name for t in portal.call(session.list_tools).tools} == TOOLS
+        answer = json.loads(portal.call(session.call_tool, "list_trials", {}).content[0].text)
+        assert answer["count"] == 3
