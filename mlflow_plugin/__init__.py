@@ -7,7 +7,7 @@ the SageMaker Debugger tensor-analysis notebook. mltrace's core never imports th
                  (one part per concern in _sink_*.py)
     rules.py     MlflowRuleListener (entry point mltrace.rule_listeners)
     context.py   MltraceRunContextProvider (entry point mlflow.run_context_provider)
-    compare.py   compare_runs / `mltrace compare` (parting.py: where two runs part ways;
+    compare.py   compare_runs / `mltrace compare` (mltrace.analysis.parting: where two runs part;
                  series_plots.py: its PNG pages)
     plots.py     plot_distributions, compare_trials, create_interactive_matplotlib_histogram
     summary.py   trial_summary, summary_html (the run's summary artifact)

@@ -17,8 +17,9 @@ import os
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from mltrace.analysis.parting import find_parting
+
 from . import _keys, _tracking, links
-from .parting import find_parting
 from .series_plots import Mark
 
 if TYPE_CHECKING:

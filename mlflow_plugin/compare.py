@@ -42,12 +42,12 @@ import textwrap
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from mltrace.analysis.parting import DEFAULT_RTOL, Parting, find_parting, ratio_panels
 from mltrace.exceptions import MltraceValueError
 from mltrace.reductions import parse_statistic
 
 from . import _compare_files, _compare_read, _keys, _tracking
 from ._table import comparison_text, shorten
-from .parting import DEFAULT_RTOL, Parting, find_parting, ratio_panels
 
 if TYPE_CHECKING:
     from mltrace.trials import Trial

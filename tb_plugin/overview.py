@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from mltrace import analysis
 from mltrace.analysis import heatmap, layers, normalize, order
+from mltrace.analysis.difference import difference_heatmap
 from mltrace.exceptions import MltraceValueError
 from mltrace.modes import ModeKeys
 from mltrace.trials import Trial
@@ -115,6 +117,65 @@ def ordered_rows(trial: Trial, kinds: dict[str, str]) -> list[str]:
             for name in order.model_order(trial, sections[kind])]
 
 
+@dataclass
+class _Rows:
+    """What an overview shows: the collection, its rows in order and their kinds."""
+
+    collection: str
+    names: list[str]
+    kinds: dict[str, str]
+    total: int  # tensors in the collection before the filter
+
+
+def _rows(trial: Trial, info: analysis.TrialOverview, collection: str | None,
+          pattern: str | None) -> _Rows:
+    if collection == ALL:
+        collection = ""
+    if collection is None:
+        collection = default_collection(info.members)
+    if collection and collection not in info.members:
+        raise MltraceValueError(
+            f"trial {trial.name!r} has no collection {collection!r}; it has "
+            f"{', '.join(sorted(info.members))}")
+    names = info.members[collection] if collection else info.tensors
+    total = len(names)
+    if pattern:
+        rx = name_filter(pattern)
+        names = [n for n in names if rx.search(n)]
+    kinds = row_kinds(info, collection, names)
+    return _Rows(collection, ordered_rows(trial, kinds), kinds, total)
+
+
+def _answer(trial: Trial, info: analysis.TrialOverview, shown: _Rows,
+            found: heatmap.Heatmap) -> dict[str, Any]:
+    """The JSON of a heat map (see the module docstring), what overview and difference share."""
+    out: dict[str, Any] = {
+        "run": trial.name,
+        "collection": shown.collection,
+        "collections": sorted(k for k, v in info.members.items() if v),
+        "statistic": found.statistic,
+        "statistics": list(heatmap.OVERVIEW_STATISTICS),
+        "normalizations": list(normalize.NORMALIZATIONS),
+        "kinds": list(dict.fromkeys(shown.kinds[n] for n in shown.names)),
+        "mode": found.mode.name if found.mode is not None else None,
+        "workers": info.workers,
+        "ended": info.ended,
+        "tensors_in_collection": shown.total,
+        "starts": found.starts,
+        "ends": found.ends,
+        "start_modes": _step_labels(trial, found.starts),
+        "steps": found.steps,
+        "bucketed": found.bucketed,
+        "complete": found.complete,
+        "trial_steps": len(trial.saved_steps()),
+        "rows": [_row(r, shown.kinds[r.tensor]) for r in found.rows],
+        "findings": rules_view.findings(trial, shown.names),
+    }
+    if found.damaged:
+        out["damaged"] = [{"step": d.step, "error": d.error} for d in found.damaged[:50]]
+    return out
+
+
 def overview(
     trial: Trial,
     collection: str | None,
@@ -141,55 +202,59 @@ def overview(
         how: the normalization of each row (one of ``normalize.NORMALIZATIONS``).
 
     Raises:
-        MltraceValueError: an unknown collection, statistic or normalization.
+        MltraceValueError: an unknown collection, statistic, worker or normalization.
     """
     info = analysis.trial_overview(trial)
-    if collection == ALL:
-        collection = ""
-    if collection is None:
-        collection = default_collection(info.members)
-    if collection and collection not in info.members:
-        raise MltraceValueError(
-            f"trial {trial.name!r} has no collection {collection!r}; it has "
-            f"{', '.join(sorted(info.members))}")
-    names = info.members[collection] if collection else info.tensors
-    total = len(names)
-    if pattern:
-        rx = name_filter(pattern)
-        names = [n for n in names if rx.search(n)]
+    shown = _rows(trial, info, collection, pattern)
     deadline = None if budget_s is None else time.monotonic() + budget_s
     if worker is not None and worker not in info.workers:
         raise MltraceValueError(
             f"trial {trial.name!r} has no worker {worker!r}; it has {', '.join(info.workers)}")
     normalize.check_normalization(how)
-    kinds = row_kinds(info, collection, names)
-    names = ordered_rows(trial, kinds)
-    found = heatmap.tensor_heatmap(trial, names, statistic, mode, columns, worker, cache=cache,
-                                   deadline=deadline, normalize=how)
-    out: dict[str, Any] = {
-        "run": trial.name,
-        "collection": collection,
-        "collections": sorted(k for k, v in info.members.items() if v),
-        "statistic": statistic,
-        "statistics": list(heatmap.OVERVIEW_STATISTICS),
-        "normalize": how,
-        "normalizations": list(normalize.NORMALIZATIONS),
-        "kinds": list(dict.fromkeys(kinds[n] for n in names)),
-        "mode": mode.name if mode is not None else None,
-        "worker": worker,
-        "workers": info.workers,
-        "ended": info.ended,
-        "tensors_in_collection": total,
-        "starts": found.starts,
-        "ends": found.ends,
-        "start_modes": _step_labels(trial, found.starts),
-        "steps": found.steps,
-        "bucketed": found.bucketed,
-        "complete": found.complete,
-        "trial_steps": len(trial.saved_steps()),
-        "rows": [_row(r, kinds[r.tensor]) for r in found.rows],
-        "findings": rules_view.findings(trial, names),
+    found = heatmap.tensor_heatmap(trial, shown.names, statistic, mode, columns, worker,
+                                   cache=cache, deadline=deadline, normalize=how)
+    return {**_answer(trial, info, shown, found), "normalize": how, "worker": worker}
+
+
+def difference(
+    trial: Trial,
+    reference: Trial,
+    collection: str | None,
+    statistic: str,
+    mode: ModeKeys | None,
+    columns: int,
+    pattern: str | None,
+    cache: heatmap.StatisticCache,
+    budget_s: float | None = READ_BUDGET_S,
+) -> dict[str, Any]:
+    """Run against run: the overview of ``trial`` whose cells are the ratio of its statistic to
+    ``reference``'s at the same step (``mltrace.analysis.difference``), over the tensors both
+    hold, with ``parting``: where the two runs part ways (``{"step", "tensor", "value",
+    "reference_value", "ratio", "others"}``; null when they agree, or while ``complete`` is
+    false). ``normalize`` is ``"ratio"``; first workers.
+
+    Raises:
+        MltraceValueError: an unknown collection or statistic.
+    """
+    info = analysis.trial_overview(trial)
+    shown = _rows(trial, info, collection, pattern)
+    theirs = set(analysis.trial_overview(reference).tensors)
+    kept = [n for n in shown.names if n in theirs]
+    shown = _Rows(shown.collection, kept, shown.kinds, shown.total)
+    deadline = None if budget_s is None else time.monotonic() + budget_s
+    found = difference_heatmap(trial, reference, kept, statistic, mode, columns, cache,
+                               deadline)
+    parting = found.parting
+    return {
+        **_answer(trial, info, shown, found.heatmap),
+        "normalize": "ratio", "worker": None, "against": reference.name,
+        "parting": None if parting is None else {
+            "step": parting.step, "tensor": parting.panel, "value": _number(parting.value_b),
+            "reference_value": _number(parting.value_a), "ratio": _number(parting.ratio),
+            "others": parting.others[:20]},
     }
-    if found.damaged:
-        out["damaged"] = [{"step": d.step, "error": d.error} for d in found.damaged[:50]]
-    return out
+
+
+def _number(x: float) -> float | str:
+    """A float for strict JSON: "nan", "inf" or "-inf" where it is not finite."""
+    return x if np.isfinite(x) else str(x)

@@ -13,6 +13,9 @@ Routes (under /data/plugin/mltrace):
               [&normalize=none|row|first|change]
                             one statistic of every tensor of a collection over step buckets,
                             rows in model order
+    /difference?run=R&against=A[&collection=C][&statistic=l2][&mode=M][&columns=N][&filter=F]
+                            R's statistic over A's at each step (ratios, the overview's shape)
+                            and where the two runs part ways
     /series?run=R[&run=R2]&tensor=T[&mode=M][&worker=W|&per_worker=1][&max_points=N]
     /histograms?run=R&tensor=T&mode=M[&worker=W][&bins=30][&max_steps=N]
     /value?run=R&tensor=T&step=S&mode=M[&worker=W]
@@ -91,6 +94,7 @@ class MltracePlugin(base_plugin.TBPlugin):
             "/runs": self._runs_route,
             "/run": self._run_route,
             "/overview": self._overview_route,
+            "/difference": self._difference_route,
             "/series": self._series_route,
             "/histograms": self._histograms_route,
             "/value": self._value_route,
@@ -172,6 +176,19 @@ class MltracePlugin(base_plugin.TBPlugin):
             try:
                 return overview.overview(trial, collection, statistic, mode, columns, pattern,
                                          self._statistics, worker=worker, how=normalize)
+            except MltraceValueError as exc:
+                raise errors.InvalidArgumentError(str(exc)) from None
+
+    def difference_impl(self, run: str, against: str, collection: str | None = None,
+                        statistic: str = "l2", mode: ModeKeys | None = None,
+                        columns: int = heatmap.DEFAULT_COLUMNS,
+                        pattern: str | None = None) -> dict[str, Any]:
+        (trial, lock), (reference, other) = self.trial(run), self.trial(against)
+        first, second = (lock, other) if run <= against else (other, lock)  # one order: no deadlock
+        with first, second:
+            try:
+                return overview.difference(trial, reference, collection, statistic, mode, columns,
+                                           pattern, self._statistics)
             except MltraceValueError as exc:
                 raise errors.InvalidArgumentError(str(exc)) from None
 
@@ -262,6 +279,13 @@ class MltracePlugin(base_plugin.TBPlugin):
             or heatmap.DEFAULT_COLUMNS,
             request.args.get("filter") or None, request.args.get("worker") or None,
             request.args.get("normalize") or "none"))
+
+    def _difference_route(self, request: wrappers.Request) -> wrappers.Response:
+        return self._json(request, lambda: self.difference_impl(
+            _arg(request, "run"), _arg(request, "against"), request.args.get("collection"),
+            request.args.get("statistic") or "l2", _optional_mode(request),
+            _int(request, "columns", minimum=1, maximum=heatmap.MAX_COLUMNS)
+            or heatmap.DEFAULT_COLUMNS, request.args.get("filter") or None))
 
     def _series_route(self, request: wrappers.Request) -> wrappers.Response:
         def impl() -> dict[str, Any]:

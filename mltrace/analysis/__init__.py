@@ -12,6 +12,8 @@ TensorBoard plugin, the MLflow summary, comparison and plots, and ``mltrace info
 - :mod:`~mltrace.analysis.heatmap`: ``tensor_heatmap`` (one statistic of many tensors over step
   buckets, min/max per bucket, non-finite values counted apart), ``statistic_steps``,
   ``StatisticCache``.
+- :mod:`~mltrace.analysis.difference`: ``difference_heatmap`` (run against run: the ratio of
+  one statistic at each step, and where the runs part ways, :mod:`~mltrace.analysis.parting`).
 - :mod:`~mltrace.analysis.cache`: ``LruCache``, the bounded cache of steps already read behind
   ``SeriesCache`` and ``StatisticCache``.
 - :mod:`~mltrace.analysis.utils`: smdebug's ``no_refresh`` and ``refresh`` (hold a trial still
@@ -26,6 +28,7 @@ Example:
     >>> loss.steps, loss.values["value"]
 """
 
+from mltrace.analysis.difference import Difference, difference_heatmap
 from mltrace.analysis.heatmap import (
     OVERVIEW_STATISTICS,
     Heatmap,
@@ -70,6 +73,8 @@ from mltrace.analysis.statistics import (
 )
 
 __all__ = [
+    "Difference",
+    "difference_heatmap",
     "OVERVIEW_STATISTICS",
     "Heatmap",
     "HeatmapRow",

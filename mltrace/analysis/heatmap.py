@@ -285,35 +285,47 @@ def tensor_heatmap(
     damaged: list[Damaged] = []
     if cache is None:
         cache = StatisticCache()
-    complete = True
-    if deadline is not None:
-        every = trial.saved_steps(ModeKeys.GLOBAL)
-        for stride in COARSE_FIRST:
-            subset = set(every[::stride]) if stride > 1 else None
-            todo = [t for t in tensors
-                    if (cache.get((trial.path, t, statistic, worker)).stride_read or stride + 1)
-                    > stride]
-            for k in range(0, len(todo), GROUP):
-                if time.monotonic() > deadline:
-                    complete = False
-                    break
-                group = todo[k:k + GROUP]
-                for entry in read_statistics(trial, group, statistic, worker, cache, damaged,
-                                             subset):
-                    entry.stride_read = stride
-            if not complete:
-                break
+    complete = read_coarse_first(trial, tensors, statistic, worker, cache, damaged, deadline)
     rows = read_statistics(trial, tensors, statistic, worker, cache, damaged,
                            None if complete else set())
-    found = list(zip(tensors, rows))
-    if mode is not None:
-        in_mode = {g for g in (trial.to_global_step(s, mode) for s in trial.saved_steps(mode))
-                   if g is not None}
-        keep = np.fromiter(sorted(in_mode), dtype=np.int64)
-        found = [(t, _only(sv, keep)) for t, sv in found]
+    found = in_mode(trial, list(zip(tensors, rows)), mode)
     out = bucket_rows(found, statistic, columns, normalize)
     out.mode, out.damaged, out.complete = mode, list(dict.fromkeys(damaged)), complete
     return out
+
+
+def read_coarse_first(trial: Trial, tensors: Sequence[str], statistic: str, worker: str | None,
+                      cache: StatisticCache, damaged: list[Damaged],
+                      deadline: float | None) -> bool:
+    """Read ``statistic`` of ``tensors`` into ``cache`` until ``deadline`` (``time.monotonic()``;
+    None: no limit), every 64th step first, then every 16th, 4th, all (COARSE_FIRST), so that
+    what is read by the deadline spans the whole run. True when every step was read."""
+    if deadline is None:
+        return True
+    every = trial.saved_steps(ModeKeys.GLOBAL)
+    for stride in COARSE_FIRST:
+        subset = set(every[::stride]) if stride > 1 else None
+        todo = [t for t in tensors
+                if (cache.get((trial.path, t, statistic, worker)).stride_read or stride + 1)
+                > stride]
+        for k in range(0, len(todo), GROUP):
+            if time.monotonic() > deadline:
+                return False
+            for entry in read_statistics(trial, todo[k:k + GROUP], statistic, worker, cache,
+                                         damaged, subset):
+                entry.stride_read = stride
+    return True
+
+
+def in_mode(trial: Trial, found: list[tuple[str, StepValues]],
+            mode: ModeKeys | None) -> list[tuple[str, StepValues]]:
+    """``found`` with only the global steps of ``mode`` kept (all of them when None)."""
+    if mode is None:
+        return found
+    steps = {g for g in (trial.to_global_step(s, mode) for s in trial.saved_steps(mode))
+             if g is not None}
+    keep = np.fromiter(sorted(steps), dtype=np.int64)
+    return [(t, _only(sv, keep)) for t, sv in found]
 
 
 def bucket_rows(found: Sequence[tuple[str, StepValues]], statistic: str, columns: int,

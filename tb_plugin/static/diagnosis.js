@@ -113,11 +113,17 @@ function recordNextBlock(d) {
   return el("div", {class: "mt-note", id: "mt-diag-record-next"}, `Not recorded (would tell more): ${names.join(", ")}`);
 }
 
+/** The words of the diagnosis' marks; the difference view gives its own (the same shapes). */
+const DIAGNOSIS_WORDS = {
+  line: (step) => `onset ${step}`,
+  origin: (tensor) => `${tensor}: the origin of the diagnosis (it left its window first)`,
+};
+
 /** Marks a report on a drawn overview: a line at the onset's column over the rows (and a fainter
  * one at the anomaly's step when it is later), the origin tensor's label and row outlined.
  * marks: diagnosisMarks(...); geometry: {grid, canvas, labels, labelW, stripH, rowH, cellW, height,
- * open(tensor): opens a tensor's detail}. */
-export function markHeatmap(marks, geometry) {
+ * open(tensor): opens a tensor's detail}; words: {line(step), origin(tensor)}, the marks' titles. */
+export function markHeatmap(marks, geometry, words = DIAGNOSIS_WORDS) {
   const {grid, canvas, labels, labelW, stripH, rowH, cellW, height} = geometry;
   canvas.dataset.onsetColumn = String(marks.onsetColumn);
   canvas.dataset.originRow = String(marks.originRow);
@@ -127,7 +133,7 @@ export function markHeatmap(marks, geometry) {
     g.lineWidth = 2;
     g.strokeRect(1, stripH + marks.originRow * rowH + 1, canvas.width - 2, rowH - 2);
     g.lineWidth = 1;
-    const title = `${marks.origin}: the origin of the diagnosis (it left its window first)`;
+    const title = words.origin(marks.origin);
     const named = labels.querySelectorAll(".mt-ov-label");
     for (const label of named) {
       if (label.getAttribute("data-tensor") === marks.origin) {
@@ -143,7 +149,7 @@ export function markHeatmap(marks, geometry) {
   }
   const line = (column, step, cls, text) => el("div", {class: `mt-diag-line ${cls}`, "data-step": step, "data-column": column,
     title: text, style: `left:${labelW + (column + 0.5) * cellW}px;height:${height}px`}, el("span", {class: "mt-diag-line-label"}, text));
-  if (marks.onsetColumn >= 0) grid.append(line(marks.onsetColumn, marks.onset, "mt-onset", `onset ${marks.onset}`));
+  if (marks.onsetColumn >= 0) grid.append(line(marks.onsetColumn, marks.onset, "mt-onset", words.line(marks.onset)));
   if (marks.anomalyColumn >= 0 && marks.anomalyColumn !== marks.onsetColumn) {
     grid.append(line(marks.anomalyColumn, marks.anomalyStep, "mt-anomaly-line", `anomaly ${marks.anomalyStep}`));
   }

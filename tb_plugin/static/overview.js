@@ -9,6 +9,7 @@
 import {clear, el, getJSON, isAbort, note} from "./dom.js";
 import {loadDiagnosis} from "./diagnosis.js";
 import {COLORS, filterNames} from "./data.js";
+import {partingText} from "./difference_data.js";
 import {LABEL_W, drawGrid} from "./overview_grid.js";
 import {groupKeys, layoutLines, unionRows} from "./overview_rows.js";
 import {barColor, scaleEnds, scaleTitle, sectionScales} from "./overview_scale.js";
@@ -36,12 +37,15 @@ function controls(ctx, answer, runs, view) {
     value: s.filter, on: {input: (e) => { s.filter = e.target.value; view.redraw(); }}});
   const all = (collapse) => el("button", {type: "button", id: collapse ? "mt-ov-collapse" : "mt-ov-expand", class: "mt-ov-button",
     on: {click: () => view.collapseAll(collapse)}}, collapse ? "collapse layers" : "expand layers");
+  const ratio = view.normalize === "ratio";
   return el("section", {class: "mt-controls"},
     runs.length > 1 ? el("label", {}, "First run ", select("mt-ov-run", runs.map((r) => [r, r]), answer.run, reload("overviewRun"))) : null,
+    runs.length > 1 ? el("label", {}, "Runs ", select("mt-ov-compare", [["side", "side by side"], ["ratio", `each over ${answer.run} (difference)`]],
+      ratio ? "ratio" : "side", reload("overviewCompare"))) : null,
     el("label", {}, "Collection ", select("mt-ov-collection",
       [["", "(all tensors)"], ...answer.collections.map((c) => [c, c])], answer.collection, reload("collection"))),
     el("label", {}, "Statistic ", select("mt-ov-statistic", answer.statistics.map((c) => [c, c]), answer.statistic, reload("statistic"))),
-    el("label", {}, "Scale ", select("mt-ov-normalize", (answer.normalizations || ["none"]).map((c) => [c, NORMALIZE_TEXT[c] || c]),
+    ratio ? null : el("label", {}, "Scale ", select("mt-ov-normalize", (answer.normalizations || ["none"]).map((c) => [c, NORMALIZE_TEXT[c] || c]),
       answer.normalize || "none", reload("normalize"))),
     el("label", {}, "Mode ", select("mt-ov-mode", [["", "(all modes)"], ...modes.map((m) => [m, m])], s.overviewMode, reload("overviewMode"))),
     answer.workers.length > 1 ? el("label", {}, "Worker ", select("mt-ov-worker",
@@ -66,11 +70,13 @@ function legend(view, statistic, diagnosed) {
     el("span", {}, `${scaleTitle(statistic, view.normalize)}${shared} `), bars,
     swatch(COLORS.zero, "0"), swatch(COLORS.nan, "NaN"), swatch(COLORS.inf, "±inf"),
     swatch(COLORS.empty, "not saved"), el("span", {class: "mt-legend-item mt-finding-key"}, "▼ rule fired"),
-    diagnosed ? el("span", {class: "mt-legend-item mt-onset-key"}, "┆ onset, ▭ origin (diagnosis)") : null);
+    view.normalize === "ratio" ? el("span", {class: "mt-legend-item mt-onset-key"}, "┆ where the runs part ways, ▭ the first tensor to differ")
+      : diagnosed ? el("span", {class: "mt-legend-item mt-onset-key"}, "┆ onset, ▭ origin (diagnosis)") : null);
 }
 
 function infoText(answer, shown) {
   const cols = answer.starts.length;
+  if (answer.against) return `${partingText(answer)} (${shown} tensors both runs hold)`;
   return `${answer.run}: ${shown} of ${answer.tensors_in_collection} tensors` +
     `${answer.collection ? ` in ${answer.collection}` : ""}, ${answer.steps} global steps` +
     (answer.bucketed ? ` in ${cols} columns (each the min–max of its steps; no NaN or inf is left out)` : "") +
@@ -106,23 +112,31 @@ export async function overviewPanel(ctx) {
   const worker = workers.includes(s.overviewWorker) ? s.overviewWorker : "";
   const ask = (run, coll, who) => getJSON("overview", {run, collection: coll, statistic: s.statistic, mode: s.overviewMode,
     worker: who, normalize: s.normalize, columns}, ctx.signal);
-  const answers = [await ask(runs[0], collection, worker)];
+  const firstAnswer = await ask(runs[0], collection, worker);
   if (!ctx.alive()) return;
-  s.collection = answers[0].collection;
-  const same = answers[0].collection === "" ? "*" : answers[0].collection;
+  s.collection = firstAnswer.collection;
+  const same = firstAnswer.collection === "" ? "*" : firstAnswer.collection;
+  // the difference view: each other run over the first, at the same steps (the first run's
+  // column would be ×1 everywhere, so it is not drawn)
+  const ratio = s.overviewCompare === "ratio" && runs.length > 1;
+  const askDiff = (run) => getJSON("difference", {run, against: runs[0], collection: same, statistic: s.statistic,
+    mode: s.overviewMode, columns: Math.max(1, Math.min(2000, Math.floor((plotW - 8 * (runs.length - 2)) / (runs.length - 1))))}, ctx.signal);
+  const again = (k) => (ratio ? askDiff(answers[k].run) : ask(answers[k].run, k ? same : collection, k ? "" : worker));
   const failed = [];
-  const askOther = (run) => ask(run, same, "").catch((err) => {
+  const askOther = (run) => (ratio ? askDiff(run) : ask(run, same, "")).catch((err) => {
     if (isAbort(err)) throw err;
     failed.push(`${run}: ${err.message}`);
     return null;
   });
+  const answers = ratio ? [] : [firstAnswer];
   answers.push(...(await Promise.all(runs.slice(1).map(askOther))).filter(Boolean));
   if (!ctx.alive()) return;
-  const view = overviewView(ctx, answers, box, failed, plotW);
-  clear(head).append(controls(ctx, answers[0], runs, view));
+  if (!answers.length) { note(box, failed.join("; ")); return; }
+  const view = overviewView(ctx, answers, box, failed, plotW, ratio ? "ratio" : s.normalize);
+  clear(head).append(controls(ctx, firstAnswer, runs, view));
   view.redraw();
   // The diagnosis comes after the first picture (computing one reads the whole trial).
-  const members = new Set(answers[0].rows.map((r) => r.tensor));
+  const members = new Set(firstAnswer.rows.map((r) => r.tensor));
   const diagnosed = loadDiagnosis(ctx, runs[0], worker, diagBox, {
     shown: (t) => members.has(t), collections: known,
     showCollection: (c) => { s.collection = c; s.filter = ""; ctx.reload(); },
@@ -134,7 +148,7 @@ export async function overviewPanel(ctx) {
   // first); ask again until every step of every run is in.
   while (answers.some((a) => !a.complete)) {
     for (let k = 0; k < answers.length; k++) {
-      if (!answers[k].complete) answers[k] = await ask(answers[k].run, k ? same : collection, k ? "" : worker);
+      if (!answers[k].complete) answers[k] = await again(k);
       if (!ctx.alive()) return;
     }
     view.redraw();
@@ -144,9 +158,9 @@ export async function overviewPanel(ctx) {
 
 /** What the grid shows and how it redraws (the filter, a group opened or closed), keeping the
  * box scrolled where it was. */
-function overviewView(ctx, answers, box, failed, plotW) {
+function overviewView(ctx, answers, box, failed, plotW, normalize) {
   const s = ctx.state;
-  const view = {report: null, normalize: s.normalize};
+  const view = {report: null, normalize};
   view.toggle = (key) => {
     if (s.collapsed.has(key)) s.collapsed.delete(key); else s.collapsed.add(key);
     view.redraw();
@@ -162,7 +176,7 @@ function overviewView(ctx, answers, box, failed, plotW) {
     const keep = (t) => filterNames([t], s.filter).length > 0;
     const rows = unionRows(answers).filter((r) => keep(r.tensor));
     Object.assign(view, layoutLines(rows, s.collapsed), {runs: answers, plotW,
-      scales: sectionScales(answers, s.normalize, keep)});
+      scales: sectionScales(answers, normalize, keep)});
     const shown = (a) => a.rows.filter((r) => keep(r.tensor)).length;
     box.append(el("div", {class: "mt-note", id: "mt-ov-info"},
       [...answers.map((a) => infoText(a, shown(a))), ...failed].join("; ")));
@@ -175,6 +189,11 @@ function overviewView(ctx, answers, box, failed, plotW) {
     box.append(scroll, el("div", {class: "mt-note mt-ov-hint"},
       "Point at a cell for its values; click a row for its detail; ▾ folds a layer into one line (its largest values)."));
     [scroll.scrollTop, scroll.scrollLeft] = at;
+    const parted = !old && normalize === "ratio" ? scroll.querySelector(".mt-ov-label.mt-origin") : null;
+    if (parted) {  // a first look at a difference: the row where the runs part ways in the middle
+      const top = parted.getBoundingClientRect().top - scroll.getBoundingClientRect().top;
+      scroll.scrollTop = Math.max(0, top - scroll.clientHeight / 2);
+    }
     const findings = answers.flatMap((a) => (a.findings || []).map((f) => [a.run, f]));
     if (findings.length) {
       const open = (f, t) => {

@@ -8,6 +8,7 @@ import {el} from "./dom.js";
 import {COLORS, columnLabel, findingMarks, fmt, nonfiniteByColumn} from "./data.js";
 import {markHeatmap} from "./diagnosis.js";
 import {diagnosisMarks, originTensor} from "./diagnosis_data.js";
+import {partingMarks, runLabel} from "./difference_data.js";
 import {groupRow} from "./overview_rows.js";
 import {RATIOS, cellPaint, cellValue} from "./overview_scale.js";
 
@@ -154,13 +155,14 @@ function runHead(answer, width) {
     ticks.append(el("span", {class: "mt-ov-tick", style: `left:${((c + 0.5) / cols) * 100}%`}, String(answer.starts[c])));
   }
   return el("div", {class: "mt-ov-head mt-ov-runhead", style: `height:${HEAD_H}px;width:${width}px`, title: "global steps"},
-    el("div", {class: "mt-ov-runname"}, answer.run), ticks);
+    el("div", {class: "mt-ov-runname"}, runLabel(answer)), ticks);
 }
 
 function runColumn(ctx, view, answer, first, geo) {
   const H = STRIP_H + geo.rowH * view.lines.length;
   const rowsShown = view.lines.filter((l) => l.type === "row").length;
   const canvas = el("canvas", {class: "mt-ov-canvas", width: geo.width, height: H, "data-run": answer.run,
+    "data-against": answer.against || null,
     "data-rows": rowsShown, "data-lines": view.lines.length, "data-columns": answer.starts.length,
     "data-scales": JSON.stringify(Object.fromEntries(view.scales))});
   const plot = el("div", {class: "mt-ov-plot", style: `width:${geo.width}px;height:${H}px`}, canvas);
@@ -168,12 +170,17 @@ function runColumn(ctx, view, answer, first, geo) {
   const marks = paintCanvas(canvas, view, answer, rows, geo);
   const cellW = geo.width / answer.starts.length;
   let diag = {onsetColumn: -1, onset: null};
-  if (first) {
+  const named = (tensor) => view.lines.map((l) => ({tensor: l.type === "row" ? l.tensor : (l.type === "group" && l.tensors.includes(tensor) ? tensor : null)}));
+  const geometry = {grid: plot, canvas, labels: geo.labels, labelW: 0, stripH: STRIP_H, rowH: geo.rowH, cellW, height: H,
+    open: (tensor) => ctx.openDetail(tensor, diag.onset)};
+  if (answer.against) {  // a difference: where it parts ways with the first run
+    diag = partingMarks(answer, named(answer.parting ? answer.parting.tensor : null));
+    markHeatmap(diag, geometry, {line: (step) => `parts ways ${step}`,
+      origin: (tensor) => `${tensor}: the first tensor where ${runLabel(answer)} leaves ×1`});
+  } else if (first) {
     const origin = view.report && view.report.found ? originTensor(view.report) : null;
-    const named = view.lines.map((l) => ({tensor: l.type === "row" ? l.tensor : (l.type === "group" && l.tensors.includes(origin) ? origin : null)}));
-    diag = diagnosisMarks(answer, named, view.report);
-    markHeatmap(diag, {grid: plot, canvas, labels: geo.labels, labelW: 0, stripH: STRIP_H, rowH: geo.rowH, cellW, height: H,
-      open: (tensor) => ctx.openDetail(tensor, diag.onset)});
+    diag = diagnosisMarks(answer, named(origin), view.report);
+    markHeatmap(diag, geometry);
   }
   follow(ctx, view, {canvas, answer, rows, marks, diag, cellW, rowH: geo.rowH, tip: geo.tip});
   return el("div", {class: "mt-ov-run", "data-run": answer.run}, runHead(answer, geo.width), plot);
@@ -183,10 +190,10 @@ function runColumn(ctx, view, answer, first, geo) {
 function readout(view, hit, i, c) {
   const {answer, rows} = hit;
   const line = view.lines[i], r = rows[i];
-  const where = `${answer.run} · ${columnLabel(answer, c)}`;
+  const where = `${runLabel(answer)} · ${columnLabel(answer, c)}`;
   if (line.type === "section") return `${line.kind}: ${line.count} tensors on a colour scale of their own`;
   const name = line.type === "group" ? `${line.label} (${line.tensors.length} tensors)` : line.tensor;
-  if (!r) return `${name} · ${answer.run}: not in this run`;
+  if (!r) return `${name} · ${runLabel(answer)}: ${answer.against ? "not in both runs" : "not in this run"}`;
   const bad = nonfiniteByColumn(r).get(c);
   const ratio = RATIOS.has(view.normalize);
   let vals = "not saved";
@@ -222,8 +229,9 @@ function follow(ctx, view, hit) {
     const {c, i, strip} = cellAt(ev);
     if (strip) {
       const fired = marks.cols.get(c);
-      const onset = c === diag.onsetColumn ? ` — the diagnosis' onset (step ${diag.onset})` : "";
-      tip.textContent = `${answer.run} · ${columnLabel(answer, c)}${fired ? `: ${fired.join(", ")} fired` : ""}${onset}`;
+      const what = answer.against ? "the runs part ways" : "the diagnosis' onset";
+      const onset = c === diag.onsetColumn ? ` — ${what} (step ${diag.onset})` : "";
+      tip.textContent = `${runLabel(answer)} · ${columnLabel(answer, c)}${fired ? `: ${fired.join(", ")} fired` : ""}${onset}`;
     } else if (view.lines[i]) {
       tip.textContent = readout(view, hit, i, c);
     } else {

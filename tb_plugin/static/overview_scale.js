@@ -6,8 +6,9 @@
 
 import {COLORS, fmt, viridis} from "./data.js";
 
-/** Normalizations whose values are ratios around 1 (mltrace.analysis.normalize.RATIOS). */
-export const RATIOS = new Set(["first", "change"]);
+/** Normalizations whose values are ratios around 1 (mltrace.analysis.normalize.RATIOS, and
+ * "ratio": a run over the first run, the difference view). */
+export const RATIOS = new Set(["first", "change", "ratio"]);
 
 // shrinking (blue) .. 1 (pale yellow) .. growing (orange to brown); none of them is a colour
 // the overview gives zero, NaN, an infinity or an empty cell
@@ -107,5 +108,6 @@ export function scaleTitle(statistic, normalize) {
     row: `${statistic} over its row's largest (log scale)`,
     first: `${statistic} relative to its first step (×1 = unchanged)`,
     change: `${statistic} step to step (×1 = no change)`,
+    ratio: `${statistic} of each run over the first run's at the same step (×1 = the same)`,
   }[normalize] || `${statistic} (bucket maximum, log scale)`;
 }

@@ -34,14 +34,17 @@ WIDTH = 32
 STEPS = 20
 
 
-def make_mlp_trial(path, steps: int = STEPS, loss_scale: float = 1.0, seed: int = 0) -> str:
+def make_mlp_trial(path, steps: int = STEPS, loss_scale: float = 1.0, seed: int = 0,
+                   bump: tuple[int, int] | None = None) -> str:
     """A 100-layer ``nn.Sequential`` MLP (Linear+ReLU pairs, then a last Linear) trained ``steps``
     SGD steps with the hook saving weights, biases, gradients (l2 and abs_max only, as on a large
     model) and the loss at every step. He initialisation a little under its gain makes the
     gradients vanish with depth, about a tenth every 12 layers: the pattern the overview must
     show as a gradient from the output to the input, not as stripes. ``loss_scale`` multiplies
     the loss that is back-propagated: a second run whose gradients at step 0 are exactly that
-    much larger (the same weights, the same batch)."""
+    much larger (the same weights, the same batch). ``bump=(layer, step)`` multiplies the
+    weights of Linear layer ``layer`` (0: the input's) by 1.5 just before step ``step``: a run
+    that is the same as the plain one until then, and differs first in that layer's weight."""
     torch.manual_seed(seed)
     layers: list[nn.Module] = []
     for _ in range(LINEAR - 1):
@@ -63,8 +66,11 @@ def make_mlp_trial(path, steps: int = STEPS, loss_scale: float = 1.0, seed: int 
     hook.set_mode(smd.modes.TRAIN)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     gen = torch.Generator().manual_seed(seed + 1)
-    for _ in range(steps):
+    for step in range(steps):
         x, y = torch.randn(64, WIDTH, generator=gen), torch.randn(64, 1, generator=gen)
+        if bump is not None and step == bump[1]:
+            with torch.no_grad():
+                model[2 * bump[0]].weight.mul_(1.5)
         opt.zero_grad()
         (loss_scale * loss_fn(model(x), y)).backward()
         opt.step()

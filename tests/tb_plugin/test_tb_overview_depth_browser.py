@@ -2,7 +2,8 @@
 127.0.0.1) and headless Debian Chromium at 1600x1000, as the user who found it, on a 100-layer
 MLP the PyTorch hook recorded (202 gradients, 20 steps): rows in model order, a readable label
 on every row of a grid that scrolls, layers that fold, the readout at the pointer, two runs side
-by side on one colour scale, sections of one kind in "(all tensors)", and the normalizations.
+by side on one colour scale, sections of one kind in "(all tensors)", the normalizations, and the
+difference view that marks where two runs part ways.
 
 Screenshots are kept in test-artifacts/ (git-ignored): tb_overview_depth*.png.
 """
@@ -24,6 +25,8 @@ from tests.tb_plugin.test_tb_overview_depth import LINEAR, make_mlp_trial
 #: The gradients in model order: input layer first (each layer's bias, weight), output last.
 ORDER = [f"gradient/Sequential_{2 * k}.{p}" for k in range(LINEAR) for p in ("bias", "weight")]
 MID_RATIO = [255, 240, 168]  # the diverging scale's colour of ×1 (#fff0a8)
+#: mlp_bumped: Linear layer 60's weights made 1.5 times larger just before step 8
+BUMP = (60, 8)
 
 
 @pytest.fixture(scope="module")
@@ -33,12 +36,13 @@ def logs(tmp_path_factory):
     root = tmp_path_factory.mktemp("depth_tb")
     make_mlp_trial(root / "exp" / "mlp")
     make_mlp_trial(root / "exp" / "mlp_loud", loss_scale=100.0)
+    make_mlp_trial(root / "exp" / "mlp_bumped", bump=BUMP)
     return root
 
 
 @pytest.fixture(scope="module")
 def server(logs):
-    with mltrace_tensorboard(logs, runs=2) as url:  # no TensorBoard export: the tab lists both
+    with mltrace_tensorboard(logs, runs=3) as url:  # no TensorBoard export: the tab lists them
         yield url
 
 
@@ -237,3 +241,39 @@ def test_all_tensors_weights_and_gradients_never_share_a_scale(server, browser):
     labels = [e.get_attribute("data-tensor") for e in browser.find_elements(By.CSS_SELECTOR, ".mt-ov-label")]
     assert labels[:len(ORDER)] == ORDER and labels[len(ORDER)] == "Sequential_0.weight"
     _shot(browser, "tb_overview_depth_all.png")
+
+
+def test_the_difference_view_marks_the_layer_that_was_made_to_differ(server, browser):
+    """mlp_bumped is mlp but for one layer's weights, made 1.5 times larger just before step 8.
+    Over mlp, its weights are ×1 everywhere before that step; the line where the runs part ways
+    stands at step 8 and the changed layer's row and label are marked."""
+    bumped = f"Sequential_{2 * BUMP[0]}.weight"
+    wait = _open_tab(browser, server)
+    _runs(browser, "mlp", "mlp_bumped")
+    _wait_rows(wait, len(ORDER), runs=2)
+    Select(browser.find_element(By.ID, "mt-ov-collection")).select_by_value("weights")
+    wait.until(lambda d: _canvases(d) and _canvases(d)[0].get_attribute("data-rows") == str(LINEAR))
+    Select(browser.find_element(By.ID, "mt-ov-compare")).select_by_value("ratio")
+    wait.until(lambda d: len(_canvases(d)) == 1 and _canvases(d)[0].get_attribute("data-against") == "mlp")
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".mt-diag-line.mt-onset"))
+    canvas = _canvases(browser)[0]
+    assert canvas.get_attribute("data-run") == "mlp_bumped"
+    assert "mlp_bumped ÷ mlp" in browser.find_element(By.CSS_SELECTOR, ".mt-ov-runname").text
+    line = browser.find_element(By.CSS_SELECTOR, ".mt-diag-line.mt-onset")
+    assert line.get_attribute("data-step") == str(BUMP[1]) and "parts ways" in line.get_attribute("title")
+    marked = browser.find_elements(By.CSS_SELECTOR, ".mt-ov-label.mt-origin")
+    assert [m.get_attribute("data-tensor") for m in marked] == [bumped]
+    assert _visible(browser, marked[0])  # scrolled to: row 60 of 101 is below the fold at first
+    info = browser.find_element(By.ID, "mt-ov-info").text
+    assert f"parts ways with mlp at global step {BUMP[1]} in {bumped}" in info and "×1.5" in info
+    assert "each run over the first" in browser.find_element(By.CSS_SELECTOR, ".mt-ov-legend").text
+    assert not browser.find_elements(By.ID, "mt-ov-normalize")  # a ratio already: no other scale
+    # ×1 (the pale middle of the diverging scale) before the change and in the other layers;
+    # the changed layer's row leaves it at the step
+    same = lambda rgb: all(abs(p - q) <= 2 for p, q in zip(rgb, MID_RATIO))  # noqa: E731
+    assert same(_cell(browser, canvas, BUMP[0], BUMP[1] - 1)) and same(_cell(browser, canvas, 0, BUMP[1]))
+    assert not same(_cell(browser, canvas, BUMP[0], BUMP[1]))
+    _shot(browser, "tb_overview_depth_difference.png")
+    browser.switch_to.frame(browser.find_elements(By.CSS_SELECTOR, "iframe")[0])
+    Select(browser.find_element(By.ID, "mt-ov-compare")).select_by_value("side")
+    wait.until(lambda d: len(_canvases(d)) == 2)

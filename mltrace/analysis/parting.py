@@ -1,4 +1,5 @@
-"""Where two runs part ways: the difference view of ``mltrace compare`` on two runs.
+"""Where two runs part ways: the difference view of two runs (``mltrace compare`` on two runs,
+the TensorBoard tab's ratio view).
 
 For each tensor and statistic both runs have, the ratio of the second run's value to the first
 run's at each step both saved; the runs *part ways* at the first step where, for some tensor,
@@ -24,14 +25,16 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from mltrace.analysis.order import natural_key
 
 #: Relative difference above which two values differ (0.1%): float noise of a non-deterministic
 #: kernel stays far below it, a changed layer or learning rate goes far above.
 DEFAULT_RTOL = 1e-3
 
-#: ``(steps, values)`` of one run
-Line = tuple[Sequence[int], Sequence[float]]
+#: ``(steps, values)`` of one run (lists or numpy arrays)
+Line = tuple[Sequence[int] | np.ndarray, Sequence[float] | np.ndarray]
 
 
 @dataclass
@@ -66,6 +69,8 @@ def differs(a: float, b: float, rtol: float = DEFAULT_RTOL) -> bool:
         return math.isnan(a) != math.isnan(b)
     if a == b:
         return False
+    if not (math.isfinite(a) and math.isfinite(b)):  # an infinity against anything else
+        return True
     return not abs(b - a) <= rtol * max(abs(a), abs(b))
 
 
@@ -104,6 +109,25 @@ def ratio_panels(series: Mapping[str, Mapping[str, Line]],
     return out
 
 
+def first_difference(a: Line, b: Line, rtol: float = DEFAULT_RTOL) -> tuple[int, float, float] | None:
+    """``(step, a's value, b's value)`` at the first step both lines have where they differ
+    (:func:`differs`), or None. Vectorised: a line of 10,000 steps is one pass of numpy."""
+    steps, ia, ib = np.intersect1d(np.asarray(a[0], dtype=np.int64),
+                                   np.asarray(b[0], dtype=np.int64), return_indices=True)
+    if not len(steps):
+        return None
+    x = np.asarray(a[1], dtype=np.float64)[ia]
+    y = np.asarray(b[1], dtype=np.float64)[ib]
+    with np.errstate(invalid="ignore", over="ignore"):
+        close = np.abs(y - x) <= rtol * np.maximum(np.abs(x), np.abs(y))
+    same = (x == y) | (np.isnan(x) & np.isnan(y)) | (close & np.isfinite(x) & np.isfinite(y))
+    where = np.flatnonzero(~same)
+    if not len(where):
+        return None
+    k = int(where[0])
+    return int(steps[k]), float(x[k]), float(y[k])
+
+
 def find_parting(series: Mapping[str, Mapping[str, Line]], labels: tuple[str, str],
                  rtol: float = DEFAULT_RTOL) -> Parting | None:
     """Where runs ``labels[0]`` and ``labels[1]`` part ways in ``series`` (``{panel: {label:
@@ -113,12 +137,10 @@ def find_parting(series: Mapping[str, Mapping[str, Line]], labels: tuple[str, st
     for panel, lines in series.items():
         if first not in lines or second not in lines:
             continue
-        known = dict(zip(lines[first][0], lines[first][1]))
-        for step, b in sorted(zip(lines[second][0], lines[second][1])):
-            if step in known and differs(float(known[step]), float(b), rtol):
-                a = float(known[step])
-                found.append((int(step), -_distance(a, float(b)), panel, a, float(b)))
-                break
+        hit = first_difference(lines[first], lines[second], rtol)
+        if hit is not None:
+            step, a, b = hit
+            found.append((step, -_distance(a, b), panel, a, b))
     if not found:
         return None
     step = min(f[0] for f in found)
