@@ -322,6 +322,11 @@ def test_histograms_side_by_side_for_runs_and_workers_and_a_scrolling_value_tabl
     browser.find_element(By.ID, "mt-show-values").click()
     cells = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "table.mt-valuetable td"))
     assert len(cells) == 32
+    # a number never wraps inside its exponent ("1.35e-" / "16"): every cell is one line
+    assert cells[0].value_of_css_property("white-space") == "nowrap"
+    assert browser.execute_script(
+        "return [...arguments[0]].filter((td) => td.offsetHeight > 2 * parseFloat(getComputedStyle(td).fontSize)).length",
+        cells) == 0
     scroller = browser.find_element(By.CSS_SELECTOR, ".mt-tablescroll")
     assert scroller.value_of_css_property("overflow-x") == "auto"
     steps = [o.text for o in Select(browser.find_element(By.ID, "mt-step")).options]
