@@ -78,6 +78,30 @@ def make_mlp_trial(path, steps: int = STEPS, loss_scale: float = 1.0, seed: int 
     return out
 
 
+def make_gpt2_trial(path, steps: int = 3) -> str:
+    """A GPT-2-style model (Transformers' GPT2LMHeadModel from a config: 12 blocks, width 32)
+    trained ``steps`` AdamW steps with the hook saving the gradients at every step: 148
+    gradients, GPT-2 small's count, named ``gradient/GPT2LMHeadModel_transformer.h.N...``."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=12, n_embd=32, n_head=2, n_positions=16,
+                                       vocab_size=64, bos_token_id=0, eos_token_id=0))
+    out = str(path)
+    hook = smd.Hook(out_dir=out, save_config=smd.SaveConfig(save_interval=1),
+                    include_collections=["gradients"])
+    hook.register_module(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        ids = torch.randint(0, 64, (4, 16), generator=gen)
+        opt.zero_grad()
+        model(ids, labels=ids).loss.backward()
+        opt.step()
+    hook.close()
+    return out
+
+
 class Net(nn.Module):
     """Registered in one order, run in another, named in a third: ``decoder`` is registered
     first and runs last, ``encoder`` is registered last and runs first, the 12 blocks between

@@ -1,6 +1,7 @@
 """The overview at any depth, end to end: ``mltrace tensorboard`` (a real TensorBoard process on
 127.0.0.1) and headless Debian Chromium at 1600x1000, as the user who found it, on a 100-layer
-MLP the PyTorch hook recorded (202 gradients, 20 steps): rows in model order, a readable label
+MLP the PyTorch hook recorded (202 gradients, 20 steps) and a GPT-2-style Transformers model (148
+gradients): rows in model order, a readable label
 on every row of a grid that scrolls, layers that fold, the readout at the pointer, two runs side
 by side on one colour scale, sections of one kind in "(all tensors)", the normalizations, and the
 difference view that marks where two runs part ways.
@@ -18,9 +19,11 @@ from selenium.webdriver.common.actions.action_builder import ActionBuilder
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
+from mltrace.analysis.order import model_order
+from mltrace.trials import create_trial
 from tests.support.browser import headless_chromium
 from tests.tb_plugin.test_tb_browser import _open_tab, _runs, _shot, mltrace_tensorboard
-from tests.tb_plugin.test_tb_overview_depth import LINEAR, make_mlp_trial
+from tests.tb_plugin.test_tb_overview_depth import LINEAR, make_gpt2_trial, make_mlp_trial
 
 #: The gradients in model order: input layer first (each layer's bias, weight), output last.
 ORDER = [f"gradient/Sequential_{2 * k}.{p}" for k in range(LINEAR) for p in ("bias", "weight")]
@@ -37,12 +40,13 @@ def logs(tmp_path_factory):
     make_mlp_trial(root / "exp" / "mlp")
     make_mlp_trial(root / "exp" / "mlp_loud", loss_scale=100.0)
     make_mlp_trial(root / "exp" / "mlp_bumped", bump=BUMP)
+    make_gpt2_trial(root / "exp" / "gpt2")
     return root
 
 
 @pytest.fixture(scope="module")
 def server(logs):
-    with mltrace_tensorboard(logs, runs=3) as url:  # no TensorBoard export: the tab lists them
+    with mltrace_tensorboard(logs, runs=4) as url:  # no TensorBoard export: the tab lists them
         yield url
 
 
@@ -137,6 +141,40 @@ def test_a_100_layer_model_in_model_order_with_a_readable_label_on_every_row(ser
     middle = _rect(browser, labels[150])["top"] + 7 - _rect(browser, canvas)["top"]
     assert abs(middle - (12 + 150 * 14 + 7)) <= 2
     _shot(browser, "tb_overview_depth.png")
+
+
+def test_a_gpt2_style_model_in_model_order_with_its_blocks_and_a_label_on_every_row(server, browser, logs):
+    """GPT-2 small's 148 gradients, as the issue's user saw them: in model order (embeddings,
+    h.0 .. h.11 in their order, not h.0, h.1, h.10, the final norm), folded by block, the long
+    shared prefix said once and each row named by the rest."""
+    trial = create_trial(str(logs / "exp" / "gpt2"))
+    order = model_order(trial, trial.tensor_names(collection="gradients"))
+    prefix = "gradient/GPT2LMHeadModel_transformer."
+    wait = _open_tab(browser, server)
+    _runs(browser, "gpt2")
+    _wait_rows(wait, 148)
+    labels = browser.find_elements(By.CSS_SELECTOR, ".mt-ov-label")
+    tensors = [e.get_attribute("data-tensor") for e in labels]
+    assert tensors == order and len(tensors) == 148
+    blocks = [int(t.split(".h.")[1].split(".")[0]) for t in tensors if ".h." in t]
+    assert blocks == sorted(blocks) and blocks[-1] == 11  # h.2 before h.10, h.11 last
+    assert tensors[0] == prefix + "wte.weight" and tensors[-1].startswith(prefix + "ln_f.")
+    assert browser.find_element(By.ID, "mt-ov-prefix").text == prefix + "…"
+    shown = browser.execute_script("return Array.from(document.querySelectorAll('.mt-ov-label'), (e) =>"
+                                   " [e.querySelector('.mt-ov-name').textContent, e.offsetHeight])")
+    assert shown == [[t.removeprefix(prefix), 14] for t in order]
+    for k in (0, 70, 147):
+        browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", labels[k])
+        assert _visible(browser, labels[k]), k
+    # one group a block: "collapse layers" shows the model in a screenful of lines
+    browser.find_element(By.ID, "mt-ov-collapse").click()
+    wait.until(lambda d: int(_canvases(d)[0].get_attribute("data-lines")) < 20)
+    groups = [g.text.split("\n")[-1] for g in browser.find_elements(By.CSS_SELECTOR, ".mt-ov-group")]
+    assert groups == [f"h.{k} (12 tensors)" for k in range(12)] + ["ln_f (2 tensors)"]
+    assert _canvases(browser)[0].get_attribute("data-lines") == "15"  # wte, wpe and 13 groups
+    _shot(browser, "tb_overview_depth_gpt2.png")
+    browser.switch_to.frame(browser.find_elements(By.CSS_SELECTOR, "iframe")[0])
+    browser.find_element(By.ID, "mt-ov-expand").click()
 
 
 def test_the_readout_follows_the_pointer_and_stays_in_view(server, browser):
