@@ -158,8 +158,14 @@ def read_statistics(
     only: set[int] | None = None,
 ) -> list[StepValues]:
     """:func:`statistic_steps` of several tensors, their stored reductions read in one batch
-    (a step's events file holds every tensor of the step: a local store opens it once)."""
+    (a step's events file holds every tensor of the step: a local store opens it once).
+
+    A raw value decoded for one statistic gives the overview's other statistics too: with a
+    ``cache``, they are kept for the steps they lack, so switching the statistic of a trial
+    saved raw reads nothing again."""
     plans = [_plan(trial, t, statistic, worker, cache, damaged, only) for t in tensors]
+    siblings = ([s for s in OVERVIEW_STATISTICS if s != statistic]
+                if cache is not None and statistic in OVERVIEW_STATISTICS else [])
     batch = [(plan, step, loc) for plan in plans for step, loc in plan.stored]
     found: dict[str, tuple[list[int], list[float]]] = {p.tensor: ([], []) for p in plans}
     if batch:
@@ -180,19 +186,30 @@ def read_statistics(
             plan.known.extend(steps, values)
             continue
         t = trial.tensor(plan.tensor)
+        more: dict[str, tuple[list[int], list[float]]] = {s: ([], []) for s in siblings}
         for step in plan.rest:
             try:
-                row = step_statistics(t, step, ModeKeys.GLOBAL, worker, [statistic])
+                row = step_statistics(t, step, ModeKeys.GLOBAL, worker, [statistic, *siblings])
             except UNREADABLE as exc:
                 plan.known.damaged.append(left_out(plan.tensor, step, exc))
                 if damaged is not None:
                     damaged.append(plan.known.damaged[-1])
                 continue
-            if row and statistic in row:
-                steps.append(step)
-                values.append(row[statistic])
+            for name, (got_steps, got_values) in [(statistic, (steps, values)), *more.items()]:
+                if row and name in row:
+                    got_steps.append(step)
+                    got_values.append(row[name])
         plan.known.extend(steps, values)
+        for name, (got_steps, got_values) in more.items():
+            if got_steps and cache is not None:
+                _add_new(cache.get((trial.path, plan.tensor, name, worker)), got_steps, got_values)
     return [plan.known for plan in plans]
+
+
+def _add_new(entry: StepValues, steps: list[int], values: list[float]) -> None:
+    """Add to ``entry`` the steps it does not hold yet (read for another statistic)."""
+    keep = ~np.isin(np.asarray(steps, dtype=np.int64), entry.steps)
+    entry.extend([s for s, k in zip(steps, keep) if k], [v for v, k in zip(values, keep) if k])
 
 
 @dataclass

@@ -20,7 +20,7 @@ from tensorboard.plugins import base_plugin
 from torch import nn
 
 import mltrace.pytorch as smd
-from mltrace.analysis import StepValues, bucket_rows
+from mltrace.analysis import StatisticCache, StepValues, bucket_rows, tensor_heatmap
 from mltrace.analysis.layers import kind_of, layer_of
 from mltrace.analysis.normalize import normalize_values
 from mltrace.analysis.order import model_order, module_of, natural_key, natural_sorted
@@ -300,3 +300,26 @@ def test_layout_and_scales_with_node_test_runner():
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
     assert "# fail 0" in out and "# pass 0" not in out, out[-2000:]
+
+
+def test_switching_the_statistic_of_raw_tensors_reads_nothing_again(root, monkeypatch):
+    """The weights are saved raw: the l2 overview decodes each value once, and the other
+    statistics of the overview come from the same decode, so switching to them reads no record
+    (and gives what a fresh read gives)."""
+    trial = create_trial(str(root / "mlp"))
+    names = trial.tensor_names(collection="weights")
+    cache = StatisticCache()
+    tensor_heatmap(trial, names, "l2", cache=cache)
+    reads: list[tuple] = []
+    for method in ("read", "read_many"):
+        real = getattr(trial.storage, method)
+        monkeypatch.setattr(trial.storage, method,
+                            lambda *a, _real=real, **k: reads.append(a) or _real(*a, **k))
+    for statistic in ("abs_max", "nan_count", "zero_fraction"):
+        switched = tensor_heatmap(trial, names, statistic, cache=cache)
+        fresh = tensor_heatmap(create_trial(str(root / "mlp")), names, statistic)
+        assert [r.tensor for r in switched.rows] == [r.tensor for r in fresh.rows]
+        for a, b in zip(switched.rows, fresh.rows):
+            np.testing.assert_array_equal(a.high, b.high)
+            np.testing.assert_array_equal(a.count, b.count)
+    assert reads == []
