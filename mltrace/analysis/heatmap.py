@@ -20,10 +20,10 @@ import numpy as np
 from mltrace.analysis.cache import LruCache
 from mltrace.analysis.normalize import NONE, check_normalization, normalize_values
 from mltrace.analysis.series import Damaged, left_out
-from mltrace.analysis.statistics import UNREADABLE, step_statistics
+from mltrace.analysis.statistics import UNREADABLE, step_statistics, value_statistics
 from mltrace.exceptions import MltraceValueError
 from mltrace.modes import ModeKeys
-from mltrace.reductions import parse_statistic
+from mltrace.reductions import as_numeric, parse_statistic
 
 if TYPE_CHECKING:
     from mltrace.trials import Trial
@@ -105,12 +105,14 @@ def statistic_steps(
 
 @dataclass
 class _Plan:
-    """What one tensor still needs read: steps with a stored reduction (and where), the rest."""
+    """What one tensor still needs read: steps with a stored reduction (and where), steps with
+    only a raw value (and where), the rest (read one by one)."""
 
     tensor: str
     known: StepValues
     stored: list[tuple[int, Any]]  # (global step, Location of the stored reduction)
     rest: list[int]
+    raw: list[tuple[int, Any]] = field(default_factory=list)  # (global step, raw Location)
 
 
 def _plan(trial: Trial, tensor: str, statistic: str, worker: str | None,
@@ -141,9 +143,12 @@ def _plan(trial: Trial, tensor: str, statistic: str, worker: str | None,
         if by_worker:
             chosen = worker if worker is not None else min(by_worker)
             loc = by_worker.get(chosen, {}).get((name, is_abs))
+        raw = entries.values.get(step)
         if loc is not None:
             plan.stored.append((step, loc))
-        else:
+        elif not by_worker and raw and (worker is None or worker in raw):
+            plan.raw.append((step, raw[worker if worker is not None else min(raw)]))
+        else:  # some reductions stored but not this one, or not this worker's: one by one
             plan.rest.append(step)
     return plan
 
@@ -166,8 +171,10 @@ def read_statistics(
     plans = [_plan(trial, t, statistic, worker, cache, damaged, only) for t in tensors]
     siblings = ([s for s in OVERVIEW_STATISTICS if s != statistic]
                 if cache is not None and statistic in OVERVIEW_STATISTICS else [])
-    batch = [(plan, step, loc) for plan in plans for step, loc in plan.stored]
     found: dict[str, tuple[list[int], list[float]]] = {p.tensor: ([], []) for p in plans}
+    more: dict[str, dict[str, tuple[list[int], list[float]]]] = {
+        p.tensor: {s: ([], []) for s in siblings} for p in plans}
+    batch = [(plan, step, loc) for plan in plans for step, loc in plan.stored]
     if batch:
         try:
             arrays = trial.read_tensors([loc for _, _, loc in batch])
@@ -180,30 +187,52 @@ def read_statistics(
                 steps, values = found[plan.tensor]
                 steps.append(step)
                 values.append(float(np.real(flat[0])) if flat.size else float("nan"))
+    raw = [(plan, step, loc) for plan in plans for step, loc in plan.raw]
+    if raw:
+        try:
+            arrays = trial.read_tensors([loc for _, _, loc in raw])
+        except _BATCH_FAILS:
+            for plan in plans:
+                plan.rest = sorted(plan.rest + [s for s, _ in plan.raw])
+        else:
+            for (plan, step, _), arr in zip(raw, arrays):
+                row = value_statistics(as_numeric(arr), [statistic, *siblings])
+                _keep(row, step, [(statistic, found[plan.tensor]), *more[plan.tensor].items()])
     for plan in plans:
         steps, values = found[plan.tensor]
-        if not plan.rest:
-            plan.known.extend(steps, values)
-            continue
-        t = trial.tensor(plan.tensor)
-        more: dict[str, tuple[list[int], list[float]]] = {s: ([], []) for s in siblings}
-        for step in plan.rest:
-            try:
-                row = step_statistics(t, step, ModeKeys.GLOBAL, worker, [statistic, *siblings])
-            except UNREADABLE as exc:
-                plan.known.damaged.append(left_out(plan.tensor, step, exc))
-                if damaged is not None:
-                    damaged.append(plan.known.damaged[-1])
-                continue
-            for name, (got_steps, got_values) in [(statistic, (steps, values)), *more.items()]:
-                if row and name in row:
-                    got_steps.append(step)
-                    got_values.append(row[name])
+        if plan.rest:
+            _read_rest(trial, plan, statistic, siblings, worker, damaged,
+                       [(statistic, (steps, values)), *more[plan.tensor].items()])
         plan.known.extend(steps, values)
-        for name, (got_steps, got_values) in more.items():
+        for name, (got_steps, got_values) in more[plan.tensor].items():
             if got_steps and cache is not None:
                 _add_new(cache.get((trial.path, plan.tensor, name, worker)), got_steps, got_values)
     return [plan.known for plan in plans]
+
+
+def _keep(row: dict[str, float] | None, step: int,
+          into: list[tuple[str, tuple[list[int], list[float]]]]) -> None:
+    """Append each statistic of ``row`` at ``step`` to its (steps, values)."""
+    for name, (got_steps, got_values) in into:
+        if row and name in row:
+            got_steps.append(step)
+            got_values.append(row[name])
+
+
+def _read_rest(trial: Trial, plan: _Plan, statistic: str, siblings: list[str],
+               worker: str | None, damaged: list[Damaged] | None,
+               into: list[tuple[str, tuple[list[int], list[float]]]]) -> None:
+    """The steps of ``plan.rest``, one by one (each with the reader's own checks)."""
+    t = trial.tensor(plan.tensor)
+    for step in plan.rest:
+        try:
+            row = step_statistics(t, step, ModeKeys.GLOBAL, worker, [statistic, *siblings])
+        except UNREADABLE as exc:
+            plan.known.damaged.append(left_out(plan.tensor, step, exc))
+            if damaged is not None:
+                damaged.append(plan.known.damaged[-1])
+            continue
+        _keep(row, step, into)
 
 
 def _add_new(entry: StepValues, steps: list[int], values: list[float]) -> None:

@@ -94,6 +94,8 @@ def _entry_head(name: str) -> str:
 def _count(value: object, what: str, minimum: int = 0) -> int:
     """A whole number >= ``minimum`` (an int, or a decimal string as some writers use), else
     ValueError: floats, bools, infinities and negative offsets are damage, not positions."""
+    if type(value) is int and minimum <= value < 1 << 63:  # the common case, three per record
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ValueError(f"{what}={value!r} is not a whole number")
     number = int(value)
@@ -102,12 +104,20 @@ def _count(value: object, what: str, minimum: int = 0) -> int:
     return number
 
 
+#: Names already checked: the same names come back in every index file of a trial.
+_CHECKED_NAMES: set[str] = set()
+
+
 def _name(value: object, what: str) -> str:
     """A string that UTF-8 can encode, as every writer's names are (JSON allows lone surrogates,
     which would fail later, in a record's tag check or when printed), else ValueError."""
+    if type(value) is str and value in _CHECKED_NAMES:
+        return value
     if not isinstance(value, str):
         raise ValueError(f"{what}={value!r} is not a string")
     value.encode("utf-8")  # UnicodeEncodeError is a ValueError
+    if len(_CHECKED_NAMES) < 1 << 16:
+        _CHECKED_NAMES.add(value)
     return value
 
 

@@ -9,10 +9,12 @@ training ended (``training_job_end.ts``, and every worker's done file in a distr
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from mltrace.collections import CollectionManager
 from mltrace.exceptions import IndexReaderException, MissingCollectionFiles, MltraceValueError
@@ -161,6 +163,11 @@ class TrialRefresh:
 
     def _ingest(self, keys: Iterable[str]) -> None:
         todo = self._new_index_keys(keys)
+        with _collector_paused():
+            self._ingest_keys(todo)
+        self._advance_complete_steps()
+
+    def _ingest_keys(self, todo: list[tuple[str, int, str]]) -> None:
         for start in range(0, len(todo), INDEX_BATCH):
             batch = todo[start:start + INDEX_BATCH]
             try:
@@ -179,7 +186,6 @@ class TrialRefresh:
                     continue
                 self._index.ingest(step, worker, index)
                 self._workers.add(worker)
-        self._advance_complete_steps()
 
     def _read_or_error(self, key: str) -> bytes | Exception:
         try:
@@ -239,3 +245,19 @@ class TrialRefresh:
         later step is complete (smdebug's rule; see ``incomplete_step_window``)."""
         return (self.loaded_all_steps or step <= self.last_complete_step
                 or len(self._index.step_workers.get(step, ())) >= self.num_workers)
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused (when it runs) while index files are ingested.
+
+    An index holds millions of small objects (a location per record) and no cycle; each batch
+    of new objects would start a collection that walks all of them again, half the time of
+    opening a trial of 1M records. Reference counting frees everything as usual meanwhile."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()

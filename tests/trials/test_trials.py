@@ -234,3 +234,32 @@ def test_cli_info_summarises_a_trial(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "mltrace.cli", "info", str(tmp_path / "none"),
                           "--timeout", "0.2"], capture_output=True, text=True)
     assert bad.returncode == 2 and "no trial data" in bad.stderr
+
+
+def test_opening_a_trial_pauses_the_garbage_collector_and_gives_it_back(tmp_path, monkeypatch):
+    """Ingesting index files makes a location object per record and no cycle: the cyclic
+    collector is paused meanwhile (half the time of opening a 1M-record trial was its walks over
+    them) and left as it was found, also when an index file is damaged."""
+    import gc
+
+    from mltrace.format import paths
+    from mltrace.trials.index import TrialIndex
+    from tests.support.rule_trials import write_trial
+
+    write_trial(tmp_path / "t", {s: {"loss": float(s)} for s in range(3)})
+    damaged = tmp_path / "t" / paths.index_file_key(3, "worker_0")
+    damaged.parent.mkdir(parents=True, exist_ok=True)
+    damaged.write_bytes(b'{"meta": {"mode": "TRAIN", "mode_step": ')  # cut off: skipped
+    seen: list[bool] = []
+    real = TrialIndex.ingest
+    monkeypatch.setattr(TrialIndex, "ingest", lambda self, *a: seen.append(gc.isenabled()) or real(self, *a))
+    assert gc.isenabled()
+    trial = create_trial(str(tmp_path / "t"))
+    assert seen == [False, False, False] and gc.isenabled() and trial.steps() == [0, 1, 2]
+    assert trial.skipped_files == [paths.index_file_key(3, "worker_0")]
+    gc.disable()
+    try:
+        create_trial(str(tmp_path / "t"))
+        assert not gc.isenabled()  # a user's choice is kept
+    finally:
+        gc.enable()
