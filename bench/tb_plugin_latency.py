@@ -260,7 +260,7 @@ def main() -> int:
         over = bench_overview(workdir, args.runs, args.cold_runs)
         if args.raw:
             write_raw_gradients(os.path.join(workdir, "r200x5000"), steps=5000, tensors=200)
-            over["raw"] = bench_raw_overview(workdir)
+            over["raw_only"] = bench_raw_overview(workdir)
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -272,8 +272,8 @@ def main() -> int:
     print(f"median of {args.runs} runs, load {protocol.load_average():.2f} (trials written in {written:.0f} s); "
           f"commit {machine['commit']}")
     print_overview(over)
-    if "raw" in over:
-        print_raw(over["raw"])
+    if "raw_only" in over:
+        print_raw(over["raw_only"])
     if tensor is None or panel is None:
         return 0
     print("1000 steps x 100 tensors/step (raw 256 floats + 4 stored reductions each), /series of one tensor:")
