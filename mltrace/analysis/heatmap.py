@@ -11,7 +11,7 @@ non-finite step among 10,000 still shows. Values are read once per step and kept
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -171,62 +171,60 @@ def read_statistics(
     plans = [_plan(trial, t, statistic, worker, cache, damaged, only) for t in tensors]
     siblings = ([s for s in OVERVIEW_STATISTICS if s != statistic]
                 if cache is not None and statistic in OVERVIEW_STATISTICS else [])
-    found: dict[str, tuple[list[int], list[float]]] = {p.tensor: ([], []) for p in plans}
-    more: dict[str, dict[str, tuple[list[int], list[float]]]] = {
-        p.tensor: {s: ([], []) for s in siblings} for p in plans}
-    batch = [(plan, step, loc) for plan in plans for step, loc in plan.stored]
-    if batch:
-        try:
-            arrays = trial.read_tensors([loc for _, _, loc in batch])
-        except _BATCH_FAILS:  # read one by one below, each with its own checks
-            for plan in plans:
-                plan.rest = sorted(plan.rest + [s for s, _ in plan.stored])
-        else:
-            for (plan, step, _), arr in zip(batch, arrays):
-                flat = np.asarray(arr).reshape(-1)
-                steps, values = found[plan.tensor]
-                steps.append(step)
-                values.append(float(np.real(flat[0])) if flat.size else float("nan"))
-    raw = [(plan, step, loc) for plan in plans for step, loc in plan.raw]
-    if raw:
-        try:
-            arrays = trial.read_tensors([loc for _, _, loc in raw])
-        except _BATCH_FAILS:
-            for plan in plans:
-                plan.rest = sorted(plan.rest + [s for s, _ in plan.raw])
-        else:
-            for (plan, step, _), arr in zip(raw, arrays):
-                row = value_statistics(as_numeric(arr), [statistic, *siblings])
-                _keep(row, step, [(statistic, found[plan.tensor]), *more[plan.tensor].items()])
+    # per tensor, (steps, values) read of each statistic: the one asked for, then its siblings
+    got: dict[str, dict[str, tuple[list[int], list[float]]]] = {
+        p.tensor: {s: ([], []) for s in (statistic, *siblings)} for p in plans}
+    for plan, step, arr in _read_batch(trial, plans, lambda p: p.stored):
+        flat = np.asarray(arr).reshape(-1)
+        _keep({statistic: float(np.real(flat[0])) if flat.size else float("nan")}, step,
+              got[plan.tensor])
+    for plan, step, arr in _read_batch(trial, plans, lambda p: p.raw):
+        _keep(value_statistics(as_numeric(arr), [statistic, *siblings]), step, got[plan.tensor])
     for plan in plans:
-        steps, values = found[plan.tensor]
         if plan.rest:
-            _read_rest(trial, plan, statistic, siblings, worker, damaged,
-                       [(statistic, (steps, values)), *more[plan.tensor].items()])
-        plan.known.extend(steps, values)
-        for name, (got_steps, got_values) in more[plan.tensor].items():
-            if got_steps and cache is not None:
-                _add_new(cache.get((trial.path, plan.tensor, name, worker)), got_steps, got_values)
+            _read_rest(trial, plan, [statistic, *siblings], worker, damaged, got[plan.tensor])
+        plan.known.extend(*got[plan.tensor][statistic])
+        for name in siblings:
+            if got[plan.tensor][name][0] and cache is not None:
+                _add_new(cache.get((trial.path, plan.tensor, name, worker)), *got[plan.tensor][name])
     return [plan.known for plan in plans]
 
 
+def _read_batch(trial: Trial, plans: list[_Plan],
+                which: Callable[[_Plan], list[tuple[int, Any]]]) -> list[tuple[_Plan, int, Any]]:
+    """The records ``which(plan)`` lists for each plan, read in one batch: ``(plan, step,
+    array)``. When the batch fails, their steps join each plan's ``rest`` (read one by one, each
+    with the reader's own checks) and nothing is returned."""
+    batch = [(plan, step, loc) for plan in plans for step, loc in which(plan)]
+    if not batch:
+        return []
+    try:
+        arrays = trial.read_tensors([loc for _, _, loc in batch])
+    except _BATCH_FAILS:
+        for plan in plans:
+            plan.rest = sorted(plan.rest + [step for step, _ in which(plan)])
+        return []
+    return [(plan, step, arr) for (plan, step, _), arr in zip(batch, arrays)]
+
+
 def _keep(row: dict[str, float] | None, step: int,
-          into: list[tuple[str, tuple[list[int], list[float]]]]) -> None:
-    """Append each statistic of ``row`` at ``step`` to its (steps, values)."""
-    for name, (got_steps, got_values) in into:
+          into: dict[str, tuple[list[int], list[float]]]) -> None:
+    """Append each statistic of ``into`` that ``row`` has at ``step`` to its (steps, values)."""
+    for name, (got_steps, got_values) in into.items():
         if row and name in row:
             got_steps.append(step)
             got_values.append(row[name])
 
 
-def _read_rest(trial: Trial, plan: _Plan, statistic: str, siblings: list[str],
-               worker: str | None, damaged: list[Damaged] | None,
-               into: list[tuple[str, tuple[list[int], list[float]]]]) -> None:
-    """The steps of ``plan.rest``, one by one (each with the reader's own checks)."""
+def _read_rest(trial: Trial, plan: _Plan, names: list[str], worker: str | None,
+               damaged: list[Damaged] | None,
+               into: dict[str, tuple[list[int], list[float]]]) -> None:
+    """The statistics ``names`` at the steps of ``plan.rest``, one by one (each with the
+    reader's own checks)."""
     t = trial.tensor(plan.tensor)
     for step in plan.rest:
         try:
-            row = step_statistics(t, step, ModeKeys.GLOBAL, worker, [statistic, *siblings])
+            row = step_statistics(t, step, ModeKeys.GLOBAL, worker, names)
         except UNREADABLE as exc:
             plan.known.damaged.append(left_out(plan.tensor, step, exc))
             if damaged is not None:
