@@ -7,11 +7,8 @@ Two runs of the same code, seed and data are ×1 everywhere until something chan
 whose weights were changed, or the first layer a different learning rate moves, is where the
 ratio first leaves 1. A ratio is 1 where both values are equal (zeros, equal infinities and two
 NaNs included), ±inf where only the reference's value is 0, and NaN where one run's value is NaN
-and the other's is not: the heat map counts those apart, so they stay visible.
-
-Example:
-    >>> ratio_values(np.array([1.0, 0.0, 2.0]), np.array([1.5, 0.0, 1.0])).tolist()
-    [1.5, 1.0, 0.5]
+and the other's is not (``parting.ratio_values``): the heat map counts those apart, so they stay
+visible.
 """
 
 from __future__ import annotations
@@ -19,8 +16,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 from mltrace.analysis.heatmap import (
     MAX_COLUMNS,
@@ -33,7 +28,7 @@ from mltrace.analysis.heatmap import (
     read_coarse_first,
     read_statistics,
 )
-from mltrace.analysis.parting import DEFAULT_RTOL, Line, Parting, find_parting
+from mltrace.analysis.parting import DEFAULT_RTOL, Line, Parting, find_parting, ratio_line
 from mltrace.analysis.series import Damaged
 from mltrace.exceptions import MltraceValueError
 from mltrace.modes import ModeKeys
@@ -55,21 +50,8 @@ class Difference:
     parting: Parting | None
 
 
-def ratio_values(reference: np.ndarray, run: np.ndarray) -> np.ndarray:
-    """``run / reference`` element by element (see the module docstring for zeros, infinities
-    and NaN)."""
-    a = np.asarray(reference, dtype=np.float64)
-    b = np.asarray(run, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out = b / a
-    out[a == 0] = np.copysign(np.inf, b[a == 0])
-    out[(a == b) | (np.isnan(a) & np.isnan(b))] = 1.0
-    return out
-
-
 def _pair(reference: StepValues, run: StepValues) -> StepValues:
-    steps, ia, ib = np.intersect1d(reference.steps, run.steps, return_indices=True)
-    return StepValues(steps, ratio_values(reference.values[ia], run.values[ib]))
+    return StepValues(*ratio_line((reference.steps, reference.values), (run.steps, run.values)))
 
 
 def difference_heatmap(

@@ -20,8 +20,8 @@ from tensorboard.plugins import base_plugin
 from werkzeug import test as werkzeug_test
 from werkzeug import wrappers
 
-from mltrace.analysis.difference import difference_heatmap, ratio_values
-from mltrace.analysis.parting import differs, find_parting, first_difference
+from mltrace.analysis.difference import difference_heatmap
+from mltrace.analysis.parting import find_parting, first_difference, ratio_values
 from mltrace.trials import create_trial
 from mltrace_tb.plugin import MltracePlugin
 from tests.tb_plugin.test_tb_overview_depth import LINEAR, make_mlp_trial
@@ -127,7 +127,9 @@ def test_ratios_and_the_first_difference():
     assert out[:4].tolist() == [1.5, 1.0, math.inf, 1.0] and math.isnan(out[5]) and out[6] == -1.0
     assert out[4] == 1.0  # two NaNs agree
     # an infinity differs from any number (a relative tolerance of an infinity would hide it)
-    assert differs(1.0, math.inf) and not differs(math.inf, math.inf) and not differs(math.nan, math.nan)
+    assert first_difference(([0], [1.0]), ([0], [math.inf])) == (0, 1.0, math.inf)
+    assert first_difference(([0], [math.inf]), ([0], [math.inf])) is None
+    assert first_difference(([0], [math.nan]), ([0], [math.nan])) is None
     assert first_difference(([0, 1, 2], [1.0, 1.0, 1.0]), ([1, 2, 3], [1.0, math.inf, 0.0])) == (2, 1.0, math.inf)
     assert first_difference(([0, 1], [1.0, 1.0]), ([0, 1], [1.0, 1.0005])) is None  # within 0.1%
     assert first_difference(([0, 1], [1.0, 1.0]), ([5, 6], [9.0, 9.0])) is None  # no step in common
