@@ -26,6 +26,7 @@ from mltrace import analysis
 from mltrace.analysis import heatmap, layers, normalize, order
 from mltrace.analysis.difference import difference_heatmap
 from mltrace.exceptions import MltraceValueError
+from mltrace.json_safe import json_safe
 from mltrace.modes import ModeKeys
 from mltrace.trials import Trial
 
@@ -249,12 +250,7 @@ def difference(
         **_answer(trial, info, shown, found.heatmap),
         "normalize": "ratio", "worker": None, "against": reference.name,
         "parting": None if parting is None else {
-            "step": parting.step, "tensor": parting.panel, "value": _number(parting.value_b),
-            "reference_value": _number(parting.value_a), "ratio": _number(parting.ratio),
+            "step": parting.step, "tensor": parting.panel, "value": json_safe(parting.value_b),
+            "reference_value": json_safe(parting.value_a), "ratio": json_safe(parting.ratio),
             "others": parting.others[:20]},
     }
-
-
-def _number(x: float) -> float | str:
-    """A float for strict JSON: "nan", "inf" or "-inf" where it is not finite."""
-    return x if np.isfinite(x) else str(x)

@@ -15,6 +15,7 @@ from mltrace.diagnosis.causes import ADVICE, CauseFinding
 from mltrace.diagnosis.detect import Anomaly, Departure
 from mltrace.diagnosis.method import Method
 from mltrace.diagnosis.table import layer_name
+from mltrace.json_safe import json_safe
 
 SCHEMA = "mltrace.diagnosis/1"
 #: Tensors of the origin ranking kept in a report.
@@ -93,7 +94,7 @@ class Diagnosis:
             "anomalies": [_anomaly(a) for a in self.anomalies],
             "onset": self.onset,
             "origin": [{"tensor": d.tensor, "layer": layer_name(d.tensor), "step": d.step, "phase": d.phase,
-                        "z": _number(d.z), "value": _number(d.value), "window_median": _number(d.median)}
+                        "z": json_safe(d.z), "value": json_safe(d.value), "window_median": json_safe(d.median)}
                        for d in self.origin[:ORIGIN_TOP]],
             "origin_layer": self.origin_layer,
             "cause": None if cause is None else {
@@ -138,12 +139,3 @@ class Diagnosis:
 
 def _anomaly(a: Anomaly | None) -> dict[str, Any] | None:
     return None if a is None else {"step": a.step, "kind": a.kind, "tensor": a.tensor, "detail": a.detail}
-
-
-def _number(x: float) -> float | str:
-    """A float for JSON: NaN and infinities as strings (JSON has no such numbers)."""
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return x

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from typing import Any
 
 from mltrace.diagnosis.report import SCHEMA, Diagnosis
 from mltrace.format import paths
+from mltrace.json_safe import json_safe
 
 logger = logging.getLogger("mltrace.diagnosis")
 
@@ -28,20 +28,8 @@ def report_key(worker: str | None) -> str:
 def save_report(storage: Any, report: Diagnosis) -> str:
     """Write ``report`` into the trial of ``storage`` (a mltrace.storage Storage); returns its key."""
     key = report_key(report.worker)
-    storage.write(key, json.dumps(_finite(report.to_dict()), indent=1, allow_nan=False).encode())
+    storage.write(key, json.dumps(json_safe(report.to_dict()), indent=1, allow_nan=False).encode())
     return key
-
-
-def _finite(value: Any) -> Any:
-    """``value`` with NaN and infinities as strings, as the report's own numbers are (strict JSON,
-    which browsers parse)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
 
 
 def read_reports(storage: Any) -> list[dict[str, Any]]:
