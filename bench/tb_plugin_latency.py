@@ -29,6 +29,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 
 os.environ.setdefault("MLTRACE_LOG_LEVEL", "error")
 
@@ -45,72 +46,67 @@ import protocol  # noqa: E402
 REDUCTIONS = ("min", "max", "mean", "l2")
 
 
-def write_trial(path: str, steps: int, tensors: int, size: int, reductions: bool) -> None:
+def _write(path: str, collection: str, regex: str, steps: int,
+           records: Callable[[int], Iterator[tuple[str, np.ndarray]]]) -> None:
+    """A one-worker trial of ``steps`` TRAIN steps whose records at a step are ``records(step)``,
+    collection ``collection`` matching ``regex``; kept as it is when already written."""
     if os.path.exists(os.path.join(path, "training_job_end.ts")):
         return
     writer = TrialWriter(open_storage(path), "worker_0")
     manager = CollectionManager()
-    manager.add(Collection("weights", include_regex=["^layer"]))
+    manager.add(Collection(collection, include_regex=[regex]))
     writer.write_collections(manager.to_json())
-    rng = np.random.default_rng(0)
-    base = rng.normal(size=(tensors, size)).astype(np.float32)
     for step in range(steps):
         writer.open_step(step, ModeKeys.TRAIN, step)
-        for t in range(tensors):
-            name = f"layer{t:03d}.weight"
-            value = base[t] * (1 + step * 1e-3)
+        for name, value in records(step):
             writer.add_tensor(name, value, ModeKeys.TRAIN, step, wall_time=1.0)
-            if reductions:
-                for red in REDUCTIONS:
-                    r = {"min": value.min(), "max": value.max(), "mean": value.mean(), "l2": np.linalg.norm(value)}[red]
-                    writer.add_tensor(reduction_tensor_name(name, red, False), np.asarray(r, dtype=np.float64),
-                                      ModeKeys.TRAIN, step, wall_time=1.0)
         writer.close_step()
     writer.write_end_marker()
     writer.close()
+
+
+def write_trial(path: str, steps: int, tensors: int, size: int, reductions: bool) -> None:
+    """``tensors`` weights of ``size`` floats saved raw at each step, with REDUCTIONS stored
+    beside them when ``reductions``."""
+    base = np.random.default_rng(0).normal(size=(tensors, size)).astype(np.float32)
+
+    def records(step: int) -> Iterator[tuple[str, np.ndarray]]:
+        for t in range(tensors):
+            name = f"layer{t:03d}.weight"
+            value = base[t] * (1 + step * 1e-3)
+            yield name, value
+            if reductions:
+                for red in REDUCTIONS:
+                    r = {"min": value.min(), "max": value.max(), "mean": value.mean(), "l2": np.linalg.norm(value)}[red]
+                    yield reduction_tensor_name(name, red, False), np.asarray(r, dtype=np.float64)
+
+    _write(path, "weights", "^layer", steps, records)
 
 
 def write_gradients(path: str, steps: int, tensors: int) -> None:
     """A trial of ``tensors`` gradients whose l2 is stored at each of ``steps`` TRAIN steps."""
-    if os.path.exists(os.path.join(path, "training_job_end.ts")):
-        return
-    writer = TrialWriter(open_storage(path), "worker_0")
-    manager = CollectionManager()
-    manager.add(Collection("gradients", include_regex=["^gradient/"]))
-    writer.write_collections(manager.to_json())
-    rng = np.random.default_rng(0)
-    scale = 10.0 ** rng.uniform(-8, 0, size=tensors)
+    scale = 10.0 ** np.random.default_rng(0).uniform(-8, 0, size=tensors)
     names = [reduction_tensor_name(f"gradient/layer{t:03d}.weight", "l2", False) for t in range(tensors)]
-    for step in range(steps):
-        writer.open_step(step, ModeKeys.TRAIN, step)
+
+    def records(step: int) -> Iterator[tuple[str, np.ndarray]]:
         for t, name in enumerate(names):
-            writer.add_tensor(name, np.float64(scale[t] * (1 + 1e-4 * step)), ModeKeys.TRAIN, step,
-                              wall_time=1.0)
-        writer.close_step()
-    writer.write_end_marker()
-    writer.close()
+            yield name, np.float64(scale[t] * (1 + 1e-4 * step))
+
+    _write(path, "gradients", "^gradient/", steps, records)
 
 
 def write_raw_gradients(path: str, steps: int, tensors: int, size: int = 16) -> None:
     """A trial of ``tensors`` gradients saved raw (``size`` floats, no reduction stored) at each
     of ``steps`` TRAIN steps: what the overview must decode to show anything."""
-    if os.path.exists(os.path.join(path, "training_job_end.ts")):
-        return
-    writer = TrialWriter(open_storage(path), "worker_0")
-    manager = CollectionManager()
-    manager.add(Collection("gradients", include_regex=["^gradient/"]))
-    writer.write_collections(manager.to_json())
     rng = np.random.default_rng(0)
     base = rng.normal(size=(tensors, size)) * 10.0 ** rng.uniform(-8, 0, size=(tensors, 1))
     names = [f"gradient/layer{t:03d}.weight" for t in range(tensors)]
-    for step in range(steps):
-        writer.open_step(step, ModeKeys.TRAIN, step)
+
+    def records(step: int) -> Iterator[tuple[str, np.ndarray]]:
         for t, name in enumerate(names):
-            writer.add_tensor(name, (base[t] * (1 + 1e-4 * step)).astype(np.float32), ModeKeys.TRAIN,
-                              step, wall_time=1.0)
-        writer.close_step()
-    writer.write_end_marker()
-    writer.close()
+            yield name, (base[t] * (1 + 1e-4 * step)).astype(np.float32)
+
+    _write(path, "gradients", "^gradient/", steps, records)
 
 
 def client_for(root: str):
