@@ -91,8 +91,6 @@ class NonFiniteWarning:
             elif kind == "f" and type(array) is np.ndarray:  # the usual raw value: no conversion
                 if np.isfinite(array).all():
                     return
-                self._add(name, array)
-                return
             else:
                 array = as_numeric(array)
                 if array.dtype.kind not in "fc" or np.isfinite(array).all():

@@ -10,7 +10,7 @@ import {clear, el, getJSON, isAbort, note} from "./dom.js";
 import {loadDiagnosis} from "./diagnosis.js";
 import {COLORS, filterNames} from "./data.js";
 import {partingText} from "./difference_data.js";
-import {LABEL_W, drawGrid} from "./overview_grid.js";
+import {LABEL_W, RUN_GAP, drawGrid} from "./overview_grid.js";
 import {groupKeys, layoutLines, unionRows} from "./overview_rows.js";
 import {barColor, scaleEnds, scaleTitle, sectionScales} from "./overview_scale.js";
 
@@ -104,7 +104,9 @@ export async function overviewPanel(ctx) {
   ctx.root.append(head, diagBox, box);
   note(box, "Loading the overview…");
   const plotW = Math.max(300, (ctx.root.clientWidth || 1000) - LABEL_W - 40);
-  const columns = Math.max(1, Math.min(2000, Math.floor((plotW - 8 * (runs.length - 1)) / runs.length)));
+  // step buckets a canvas holds when `shown` runs share the width (a pixel each at most)
+  const columnsFor = (shown) => Math.max(1, Math.min(2000, Math.floor((plotW - RUN_GAP * (shown - 1)) / shown)));
+  const columns = columnsFor(runs.length);
   const known = (ctx.info.get(runs[0]) || {collections: {}}).collections;
   // a collection chosen for another run that this one lacks: this run's default
   const collection = s.collection === "" ? "*" : (s.collection && s.collection in known ? s.collection : null);
@@ -120,7 +122,7 @@ export async function overviewPanel(ctx) {
   // column would be ×1 everywhere, so it is not drawn)
   const ratio = s.overviewCompare === "ratio" && runs.length > 1;
   const askDiff = (run) => getJSON("difference", {run, against: runs[0], collection: same, statistic: s.statistic,
-    mode: s.overviewMode, columns: Math.max(1, Math.min(2000, Math.floor((plotW - 8 * (runs.length - 2)) / (runs.length - 1))))}, ctx.signal);
+    mode: s.overviewMode, columns: columnsFor(runs.length - 1)}, ctx.signal);
   const again = (k) => (ratio ? askDiff(answers[k].run) : ask(answers[k].run, k ? same : collection, k ? "" : worker));
   const failed = [];
   const askOther = (run) => (ratio ? askDiff(run) : ask(run, same, "")).catch((err) => {
