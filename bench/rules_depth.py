@@ -28,6 +28,7 @@ os.environ.setdefault("MLTRACE_LOG_LEVEL", "error")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from rules_throughput import mltrace_rules  # noqa: E402
 from torch import nn  # noqa: E402
 
 import protocol  # noqa: E402
@@ -62,22 +63,10 @@ def write_trial(path: str, steps: int) -> None:
 
 
 def rule(path: str, name: str) -> int:
-    """The built-in rule over every step of a fresh trial; the steps it evaluated."""
-    from mltrace.exceptions import NoMoreData
-    from mltrace.rules import invoke_rule
-    from mltrace.rules.builtin import rule_class
-    from mltrace.trials import create_trial
-
-    # threshold 0: VanishingGradient never fires, so it reads every gradient of every step (a
-    # firing step stops at the first vanishing gradient: the deep layers' do vanish here)
-    params = ({"collection_names": "weights,gradients"} if name == "ExplodingTensor"
-              else {"threshold": 0.0})
-    built = rule_class(name)(create_trial(path), **params)
-    try:
-        result = invoke_rule(built)
-    except NoMoreData as exc:
-        result = exc.rule_result
-    return result.evaluated_steps
+    """The built-in rule over every step of a fresh trial; the steps it evaluated. Threshold 0:
+    VanishingGradient never fires, so it reads every gradient of every step (a firing step stops
+    at the first vanishing gradient: the deep layers' do vanish here)."""
+    return mltrace_rules(path, name, None if name == "ExplodingTensor" else {"threshold": 0.0})
 
 
 def by_hand(path: str) -> int:

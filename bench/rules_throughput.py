@@ -49,13 +49,16 @@ def write_trial(path: str, steps: int) -> None:
     hook.close()
 
 
-def mltrace_rules(path: str, name: str) -> int:
+def mltrace_rules(path: str, name: str, params: dict | None = None) -> int:
+    """The built-in rule ``name`` over every step of a fresh trial (ExplodingTensor on weights and
+    gradients unless ``params`` say otherwise); the steps it evaluated."""
     from mltrace.exceptions import NoMoreData
     from mltrace.rules import invoke_rule
     from mltrace.rules.builtin import rule_class
     from mltrace.trials import create_trial
 
-    params = {"collection_names": "weights,gradients"} if name == "ExplodingTensor" else {}
+    if params is None:
+        params = {"collection_names": "weights,gradients"} if name == "ExplodingTensor" else {}
     rule = rule_class(name)(create_trial(path), **params)
     try:
         result = invoke_rule(rule)
