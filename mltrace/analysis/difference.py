@@ -93,7 +93,7 @@ def difference_heatmap(
                                      deadline) and complete
     for label, t in ((_REFERENCE, reference), (_RUN, trial)):
         rows = read_statistics(t, tensors, statistic, None, cache, damaged,
-                               None if complete else set())
+                               None if complete else set(), siblings=True)
         read[label] = in_mode(t, list(zip(tensors, rows)), mode)
     pairs = [(name, _pair(a, b)) for (name, a), (_, b) in zip(read[_REFERENCE], read[_RUN])]
     out = bucket_rows(pairs, statistic, columns)

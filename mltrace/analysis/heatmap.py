@@ -161,30 +161,31 @@ def read_statistics(
     cache: StatisticCache | None = None,
     damaged: list[Damaged] | None = None,
     only: set[int] | None = None,
+    siblings: bool = False,
 ) -> list[StepValues]:
     """:func:`statistic_steps` of several tensors, their stored reductions read in one batch
     (a step's events file holds every tensor of the step: a local store opens it once).
 
-    A raw value decoded for one statistic gives the overview's other statistics too: with a
-    ``cache``, they are kept for the steps they lack, so switching the statistic of a trial
-    saved raw reads nothing again."""
+    With ``siblings`` (what the overview reads), a raw value decoded for one of the overview's
+    statistics gives the others too: they are kept in ``cache`` for the steps they lack, so
+    switching the statistic of a trial saved raw reads nothing again."""
     plans = [_plan(trial, t, statistic, worker, cache, damaged, only) for t in tensors]
-    siblings = ([s for s in OVERVIEW_STATISTICS if s != statistic]
-                if cache is not None and statistic in OVERVIEW_STATISTICS else [])
-    # per tensor, (steps, values) read of each statistic: the one asked for, then its siblings
+    others = ([s for s in OVERVIEW_STATISTICS if s != statistic]
+              if siblings and cache is not None and statistic in OVERVIEW_STATISTICS else [])
+    # per tensor, (steps, values) read of each statistic: the one asked for, then the others
     got: dict[str, dict[str, tuple[list[int], list[float]]]] = {
-        p.tensor: {s: ([], []) for s in (statistic, *siblings)} for p in plans}
+        p.tensor: {s: ([], []) for s in (statistic, *others)} for p in plans}
     for plan, step, arr in _read_batch(trial, plans, lambda p: p.stored):
         flat = np.asarray(arr).reshape(-1)
         _keep({statistic: float(np.real(flat[0])) if flat.size else float("nan")}, step,
               got[plan.tensor])
     for plan, step, arr in _read_batch(trial, plans, lambda p: p.raw):
-        _keep(value_statistics(as_numeric(arr), [statistic, *siblings]), step, got[plan.tensor])
+        _keep(value_statistics(as_numeric(arr), [statistic, *others]), step, got[plan.tensor])
     for plan in plans:
         if plan.rest:
-            _read_rest(trial, plan, [statistic, *siblings], worker, damaged, got[plan.tensor])
+            _read_rest(trial, plan, [statistic, *others], worker, damaged, got[plan.tensor])
         plan.known.extend(*got[plan.tensor][statistic])
-        for name in siblings:
+        for name in others:
             if got[plan.tensor][name][0] and cache is not None:
                 _add_new(cache.get((trial.path, plan.tensor, name, worker)), *got[plan.tensor][name])
     return [plan.known for plan in plans]
@@ -331,7 +332,7 @@ def tensor_heatmap(
         cache = StatisticCache()
     complete = read_coarse_first(trial, tensors, statistic, worker, cache, damaged, deadline)
     rows = read_statistics(trial, tensors, statistic, worker, cache, damaged,
-                           None if complete else set())
+                           None if complete else set(), siblings=True)
     found = in_mode(trial, list(zip(tensors, rows)), mode)
     out = bucket_rows(found, statistic, columns, normalize)
     out.mode, out.damaged, out.complete = mode, list(dict.fromkeys(damaged)), complete
@@ -343,7 +344,8 @@ def read_coarse_first(trial: Trial, tensors: Sequence[str], statistic: str, work
                       deadline: float | None) -> bool:
     """Read ``statistic`` of ``tensors`` into ``cache`` until ``deadline`` (``time.monotonic()``;
     None: no limit), every 64th step first, then every 16th, 4th, all (COARSE_FIRST), so that
-    what is read by the deadline spans the whole run. True when every step was read."""
+    what is read by the deadline spans the whole run (with the overview's other statistics:
+    ``read_statistics(siblings=True)``). True when every step was read."""
     if deadline is None:
         return True
     every = trial.saved_steps(ModeKeys.GLOBAL)
@@ -356,7 +358,7 @@ def read_coarse_first(trial: Trial, tensors: Sequence[str], statistic: str, work
             if time.monotonic() > deadline:
                 return False
             for entry in read_statistics(trial, todo[k:k + GROUP], statistic, worker, cache,
-                                         damaged, subset):
+                                         damaged, subset, siblings=True):
                 entry.stride_read = stride
     return True
 
