@@ -23,10 +23,9 @@ off: losses then reach MLflow at saved steps only, as before.
 
 Which losses: the modules given to ``hook.register_loss`` of the PyTorch hook, found through its
 adapter: those registered so far (``adapter.samples.losses``, where the adapter keeps them) and,
-as the sink wraps that adapter object's ``register_loss`` (undone at close), those registered
-later. The names are the hook's own (``MSELoss_output_0``, then ``_output_1`` for a second call
-in the same step). A loss saved with
-``record_tensor_value`` has no module to watch and reaches MLflow at saved steps only.
+through the adapter's ``loss_listeners`` (removed at close), those registered later. The names are
+the hook's own (``MSELoss_output_0``, then ``_output_1`` for a second call in the same step). A loss
+saved with ``record_tensor_value`` has no module to watch and reaches MLflow at saved steps only.
 """
 
 from __future__ import annotations
@@ -75,21 +74,14 @@ class EveryStepLosses:
             return
         adapter: Any = getattr(self.hook, "adapter", None)
         registered = getattr(getattr(adapter, "samples", None), "losses", None)
-        register = getattr(adapter, "register_loss", None)
-        if not isinstance(registered, list) or not callable(register):
+        listeners = getattr(adapter, "loss_listeners", None)
+        if not isinstance(registered, list) or not isinstance(listeners, list):
             logger.debug("%s keeps no loss modules: losses reach MLflow at saved steps",
                          type(adapter).__name__)
             return
         for name, module in list(registered):
             self._watch_loss(name, module)
-
-        def register_loss(loss_module: Any) -> None:
-            before = len(registered)
-            register(loss_module)
-            for name, module in registered[before:]:
-                self._watch_loss(name, module)
-
-        adapter.register_loss = register_loss  # the hook's register_loss calls the adapter's
+        listeners.append(self._watch_loss)  # the modules registered from now on
         self._adapter = adapter
 
     def _watch_loss(self, name: str, module: Any) -> None:
@@ -167,8 +159,8 @@ class EveryStepLosses:
             except Exception:  # a module already gone
                 pass
         adapter, self._adapter = self._adapter, None
-        if adapter is not None and "register_loss" in vars(adapter):
-            del adapter.register_loss
+        if adapter is not None and self._watch_loss in adapter.loss_listeners:
+            adapter.loss_listeners.remove(self._watch_loss)
 
 
 def _kept(tensor: Any) -> Any:

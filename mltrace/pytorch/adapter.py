@@ -167,6 +167,8 @@ class TorchAdapter(StepBoundary, ModuleIO, Gradients, ShardedSaves):
         self._name(inner, name)
         forward_hook(inner, self._io_hook(name))
         self.samples.add_loss(name, inner)
+        for listener in list(self.loss_listeners):
+            listener(name, inner)
 
     def _name(self, module: torch.nn.Module, name: str) -> None:
         if id(module) not in self.names:

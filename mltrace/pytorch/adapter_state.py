@@ -77,6 +77,9 @@ class TorchAdapterState(TorchValues):
         self.stability = StabilityProbe(self.names, self.warn_once)
         #: Per-sample losses and input fingerprints (the ``samples`` collection), when wanted
         self.samples = SampleProbe(self.warn_once)
+        #: Called with (name, module) for each loss module registered from now on (a sink that
+        #: watches every step's loss: mltrace_mlflow's); ``samples.losses`` lists those so far
+        self.loss_listeners: list[Callable[[str, torch.nn.Module], None]] = []
 
     if TYPE_CHECKING:  # implemented by the parts; declared here for the parts that call them
         def save(self, name: str, value: Any) -> None: ...
