@@ -26,7 +26,7 @@ from mltrace import analysis
 from mltrace.analysis import heatmap, layers, normalize, order
 from mltrace.analysis.difference import difference_heatmap
 from mltrace.exceptions import MltraceValueError
-from mltrace.json_safe import json_safe
+from mltrace.format.json_safe import json_safe
 from mltrace.modes import ModeKeys
 from mltrace.trials import Trial
 

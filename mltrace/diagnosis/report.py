@@ -15,7 +15,7 @@ from mltrace.diagnosis.causes import ADVICE, CauseFinding
 from mltrace.diagnosis.detect import Anomaly, Departure
 from mltrace.diagnosis.method import Method
 from mltrace.diagnosis.table import layer_name
-from mltrace.json_safe import json_safe
+from mltrace.format.json_safe import json_safe
 
 SCHEMA = "mltrace.diagnosis/1"
 #: Tensors of the origin ranking kept in a report.

@@ -15,7 +15,7 @@ from typing import Any
 
 from mltrace.diagnosis.report import SCHEMA, Diagnosis
 from mltrace.format import paths
-from mltrace.json_safe import json_safe
+from mltrace.format.json_safe import json_safe
 
 logger = logging.getLogger("mltrace.diagnosis")
 

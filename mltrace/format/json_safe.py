@@ -1,7 +1,7 @@
 """Values as strict JSON takes them. JSON has no NaN or infinity (``json.dumps`` writes ``NaN``,
 which strict parsers and browsers refuse), and a NaN is often the very thing a reader looks for:
-such values travel as the strings ``"nan"``, ``"inf"`` and ``"-inf"``. The MCP server's answers,
-the stored diagnosis and the TensorBoard tab's answers all write numbers this way.
+such values travel as the strings ``"nan"``, ``"inf"`` and ``"-inf"``. The stored diagnosis, the MCP
+server's answers and the TensorBoard tab's answers all write numbers this way.
 
 Example:
     >>> json_safe({"loss": float("nan"), "steps": (1, 2)})

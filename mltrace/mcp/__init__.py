@@ -5,13 +5,13 @@
 - :mod:`~mltrace.mcp.tools`: what each tool answers, as plain JSON-ready dicts (no MCP needed):
   ``list_trials``, ``describe_trial``, ``read_tensor``, ``read_rule_results``, ``diagnose``.
 - :mod:`~mltrace.mcp.answers`: what the answers share (bounds and their errors; ``json_safe``,
-  from :mod:`mltrace.json_safe`: NaN as ``"nan"``).
+  from :mod:`mltrace.format.json_safe`: NaN as ``"nan"``).
 - :mod:`~mltrace.mcp.server`: the MCP wiring (``create_server``); imports the MCP SDK, the ``mcp``
   extra, so it is not imported here.
 - :mod:`~mltrace.mcp.command`: the ``mltrace mcp`` subcommand.
 """
 
-from mltrace.json_safe import json_safe
+from mltrace.format.json_safe import json_safe
 from mltrace.mcp.root import TrialRoot
 from mltrace.mcp.tools import (
     describe_trial,

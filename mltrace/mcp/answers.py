@@ -1,5 +1,5 @@
 """What every answer of the MCP server's tools has in common besides JSON without non-finite
-numbers (``mltrace.json_safe``): arguments checked against their bounds with an error that names
+numbers (``mltrace.format.json_safe``): arguments checked against their bounds with an error that names
 the value and the fix.
 """
 

@@ -24,7 +24,7 @@ from typing import Any
 from mltrace.analysis import UNREADABLE, step_statistics, thin, trial_overview
 from mltrace.exceptions import MltraceError, MltraceRuntimeError, MltraceValueError
 from mltrace.format.flight_record import FlightRecord, earliest_first_nonfinite
-from mltrace.json_safe import json_safe
+from mltrace.format.json_safe import json_safe
 from mltrace.mcp.answers import bounded, first_of
 from mltrace.mcp.root import TrialRoot
 from mltrace.modes import ModeKeys, mode_from
