@@ -110,9 +110,9 @@ class DumpDiagnosis:
                                dump.step, self.out_dir, type(exc).__name__, exc)
 
 
-def diagnose_trial(out_dir: str, worker: str) -> bool:
+def diagnose_trial(out_dir: str, worker: str) -> None:
     """Diagnose the trial at ``out_dir`` as it is now and publish the report
-    (mltrace.diagnosis.publish); True if published.
+    (mltrace.diagnosis.publish).
 
     The diagnosis reads ``worker``'s tensors, the ones this hook wrote, and is kept as that
     worker's report (``mltrace_diagnosis/<worker>.json``): each worker that dumped has its own.
@@ -125,7 +125,6 @@ def diagnose_trial(out_dir: str, worker: str) -> bool:
 
     trial = create_trial(out_dir, timeout=0)
     publish(trial.storage, trial.diagnose(worker=worker))
-    return True
 
 
 __all__ = ["DumpDiagnosis", "THREAD_NAME", "WAIT_SECONDS", "diagnose_trial"]
