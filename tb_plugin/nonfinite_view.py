@@ -147,6 +147,8 @@ def nonfinite(trial: Trial, cache: heatmap.StatisticCache | None = None,
             _keep(found, tensor, worker, statistic, summary)
         if not complete:
             break
+    if complete:
+        cache.persist(trial)
     _add_recorded(trial, found)
     out = sorted(found.values(), key=lambda f: (f["step"], f["tensor"]))
     for entry in out:

@@ -14,9 +14,11 @@ start a server process, ``browser`` for headless Chromium. ``slow`` is set in th
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import sqlite3
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -27,6 +29,11 @@ from tests.support.servers import S3Server
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Trials opened on an empty directory in tests should fail fast unless a test says otherwise.
 os.environ.setdefault("MLTRACE_TRIAL_WAIT", "2")
+# The overview's statistics cache (mltrace.analysis.stored) in a folder of this session's, never
+# the user's ~/.cache; servers and tools the tests start inherit it.
+if "MLTRACE_CACHE_DIR" not in os.environ:
+    os.environ["MLTRACE_CACHE_DIR"] = tempfile.mkdtemp(prefix="mltrace-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["MLTRACE_CACHE_DIR"], True)
 
 #: Fixtures that start a server process, and where they are defined.
 SERVER_FIXTURES = frozenset({

@@ -47,5 +47,11 @@ class LruCache(Generic[V]):
                 self._data.move_to_end(key)
             return entry
 
+    def items(self) -> list[tuple[Hashable, V]]:
+        """Every ``(key, entry)`` held now, least recently used first (a copy: safe to walk
+        while other threads use the cache)."""
+        with self._lock:
+            return list(self._data.items())
+
 
 __all__ = ["LruCache"]

@@ -100,6 +100,8 @@ def difference_heatmap(
     out.mode, out.damaged, out.complete = mode, list(dict.fromkeys(damaged)), complete
     if not complete:
         return Difference(out, None)
+    for t in (reference, trial):
+        cache.persist(t)
     series: dict[str, dict[str, Line]] = {
         name: {_REFERENCE: (a.steps, a.values), _RUN: (b.steps, b.values)}
         for (name, a), (_, b) in zip(read[_REFERENCE], read[_RUN])}

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from mltrace.format.event_batch import EncodedRecords
 
 
-@dataclass
+@dataclass(slots=True)
 class IndexEntry:
     """Where one record lives: name, byte range and payload CRC (None in smdebug's own files)."""
 
@@ -130,6 +130,19 @@ def _key(value: object, what: str) -> str:
 
 
 def _entry(e: dict) -> IndexEntry:
+    """One record's entry, checked; the common case (whole numbers in range, a name already
+    checked) in one expression, since a large trial has millions of them."""
+    name, start, length, crc = e["tensorname"], e["start_idx"], e["length"], e.get("crc32c")
+    if (type(start) is int and type(length) is int and 0 <= start < 1 << 63
+            and OVERHEAD_BYTES <= length < 1 << 63
+            and (crc is None or (type(crc) is int and 0 <= crc < 1 << 32))
+            and type(name) is str and name in _CHECKED_NAMES):
+        return IndexEntry(name, start, length, crc)
+    return _entry_checked(e)
+
+
+def _entry_checked(e: dict) -> IndexEntry:
+    """One record's entry, each field checked apart (a string number, a new name, an error)."""
     crc = e.get("crc32c")
     if crc is not None and _count(crc, "crc32c") >= 1 << 32:
         raise ValueError(f"crc32c={crc!r} does not fit 32 bits")

@@ -4,6 +4,7 @@ worker, plus the step <-> (mode, mode step) maps. Built from index files; knows 
 from __future__ import annotations
 
 import sys
+import zlib
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -13,11 +14,15 @@ from mltrace.modes import ModeKeys
 from mltrace.reductions import parse_reduction_tensor_name
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, unsafe_hash=True)
 class Location:
     """One record: events file key, byte range, payload CRC (None in smdebug-written trials),
     and the tensor name the index gives it, which the record's own tag must repeat (left out of
-    ==: two Locations are the same record whatever name they were looked up by)."""
+    ==: two Locations are the same record whatever name they were looked up by).
+
+    Read-only by contract, not frozen: a frozen dataclass sets each field through
+    ``object.__setattr__``, which made creating the million Locations of a large trial take
+    three times as long."""
 
     key: str
     start: int
@@ -49,7 +54,13 @@ class TrialIndex:
         self.step_workers: dict[int, set[str]] = defaultdict(set)
         self.global_to_mode: dict[int, tuple[ModeKeys, int]] = {}
         self.mode_to_global: dict[ModeKeys, dict[int, int]] = defaultdict(dict)
+        #: CRC-32 of each index file's bytes, per (global step, worker): what a cache of values
+        #: read from the step checks to know that the step is still the one it read.
+        self.checksums: dict[tuple[int, str], int] = {}
         self._sorted: dict[ModeKeys, list[int]] = {}
+        #: Each record name seen: the name interned, and what parse_reduction_tensor_name makes
+        #: of it (the same names recur every step: each is split, and kept, once).
+        self._parse: dict[str, tuple[str, tuple[str, str, bool] | None]] = {}
 
     def sorted_steps(self, mode: ModeKeys) -> list[int]:
         """Every step seen in ``mode`` (mode steps; global steps for GLOBAL), sorted; cached
@@ -63,29 +74,61 @@ class TrialIndex:
             self._sorted[mode] = cached
         return cached
 
-    def ingest(self, step: int, worker: str, index: StepIndex) -> None:
-        """Add one index file's content (global step and worker come from its file name)."""
+    def ingest(self, step: int, worker: str, index: StepIndex, checksum: int | None = None) -> None:
+        """Add one index file's content (global step and worker come from its file name;
+        ``checksum``: the CRC-32 of its bytes, when known)."""
         self._sorted.clear()
+        if checksum is not None:
+            self.checksums[(step, worker)] = checksum
         self.step_workers[step].add(worker)
         self.global_to_mode[step] = (index.mode, index.mode_step)
         self.mode_to_global[index.mode][index.mode_step] = step
         if index.mode is not ModeKeys.GLOBAL:
             self.mode_to_global[ModeKeys.GLOBAL][step] = step
+        key = index.event_file_name or ""
+        parse = self._parse
         for entry in index.tensors:
-            # interned: the same names recur every step, one string each is enough
-            loc = Location(index.event_file_name or "", entry.start_idx, entry.length, entry.crc32c,
-                           sys.intern(entry.tensorname))
-            parsed = parse_reduction_tensor_name(entry.tensorname)
+            seen = parse.get(entry.tensorname)
+            if seen is None:  # the first record of this name: intern and split it once
+                name = sys.intern(entry.tensorname)
+                seen = parse[name] = (name, parse_reduction_tensor_name(name))
+            name, parsed = seen
+            loc = Location(key, entry.start_idx, entry.length, entry.crc32c, name)
             if parsed is not None:
                 base, red, is_abs = parsed
-                entries = self._entries(base)
-                entries.reductions.setdefault(step, {}).setdefault(worker, {})[(red, is_abs)] = loc
+                by_step = self._entries(base).reductions
+                by_worker = by_step.get(step)
+                if by_worker is None:
+                    by_worker = by_step[step] = {}
+                mine = by_worker.get(worker)
+                if mine is None:
+                    mine = by_worker[worker] = {}
+                mine[(red, is_abs)] = loc
             else:
-                entries = self._entries(entry.tensorname)
-                entries.values.setdefault(step, {})[worker] = loc
+                values = self._entries(name).values
+                got = values.get(step)
+                if got is None:
+                    values[step] = {worker: loc}
+                else:
+                    got[worker] = loc
         for shape in index.shapes:
             entries = self._entries(shape.tensorname)
             entries.shapes.setdefault(step, {})[worker] = shape.shape
+
+    def step_checksum(self, step: int) -> int | None:
+        """One CRC-32 over the index files of global ``step`` (each worker's, in worker order),
+        None when the step is unknown or a file's checksum is: equal checksums mean the same
+        records at the same places, since an index names each record's bytes and their CRC."""
+        workers = self.step_workers.get(step)
+        if not workers:
+            return None
+        parts = []
+        for worker in sorted(workers):
+            crc = self.checksums.get((step, worker))
+            if crc is None:
+                return None
+            parts.append(f"{worker}:{crc}")
+        return zlib.crc32(";".join(parts).encode())
 
     def _entries(self, name: str) -> TensorEntries:
         """The entries of tensor ``name``, made on first sight (not with setdefault, which would
@@ -119,6 +162,7 @@ class TrialIndex:
     def forget(self, step: int, worker: str) -> None:
         """Drop what one index file added: its step is being rewritten (Trial.reload_step)."""
         self._sorted.clear()
+        self.checksums.pop((step, worker), None)
         for name in list(self.tensors):
             entries = self.tensors[name]
             for table in (entries.values, entries.reductions, entries.shapes):

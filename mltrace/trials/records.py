@@ -7,6 +7,7 @@ recorder's records (mltrace.format.flight_record).
 from __future__ import annotations
 
 import logging
+import zlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -47,7 +48,8 @@ class RecordReads(TrialRefresh):
         for worker in sorted(self._index.step_workers.get(step, ())):
             key = paths.index_file_key(step, worker)
             try:
-                index = decode_index(self.storage.read(key), f"{self.storage.uri}/{key}")
+                blob = self.storage.read(key)
+                index = decode_index(blob, f"{self.storage.uri}/{key}")
             except FileNotFoundError:
                 index = None
             except (IndexReaderException, OSError):
@@ -57,7 +59,7 @@ class RecordReads(TrialRefresh):
                 continue  # the same index: the record itself is damaged
             self._index.forget(step, worker)
             if index is not None:
-                self._index.ingest(step, worker, index)
+                self._index.ingest(step, worker, index, zlib.crc32(blob))
             else:  # refreshes list from this key on (and skip what they read) until it is back
                 self._read_keys.discard(key)
                 self._rewritten.add(key)

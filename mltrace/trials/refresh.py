@@ -14,6 +14,7 @@ import gc
 import logging
 import os
 import time
+import zlib
 from collections.abc import Iterable, Iterator
 
 from mltrace.collections import CollectionManager
@@ -180,12 +181,24 @@ class TrialRefresh:
                     if isinstance(blob, Exception):
                         raise blob
                     index = decode_index(blob, f"{self.storage.uri}/{key}")
+                    checksum = zlib.crc32(blob)
                 except (IndexReaderException, OSError) as exc:
                     logger.warning("skipping step %d of worker %s: %s", step, worker, exc)
                     self.skipped_files.append(key)
                     continue
-                self._index.ingest(step, worker, index)
+                self._index.ingest(step, worker, index, checksum)
                 self._workers.add(worker)
+
+    def step_checksums(self, steps: Iterable[int]) -> dict[int, int]:
+        """``{global step: checksum}`` of the index files of each of ``steps`` that the trial has
+        (``TrialIndex.step_checksum``): the same checksum later means the step was not rewritten,
+        so what was read from it then is still what it holds."""
+        out = {}
+        for step in steps:
+            crc = self._index.step_checksum(step)
+            if crc is not None:
+                out[step] = crc
+        return out
 
     def _read_or_error(self, key: str) -> bytes | Exception:
         try:

@@ -1,0 +1,185 @@
+"""The overview's statistics kept on disk, so that a trial is decoded once per machine, not once
+per viewer: a fresh TensorBoard (or ``mltrace compare``) on a trial looked at before reads its
+heat maps from one file instead of decoding a million records again.
+
+A trial's file lives in the cache folder (``MLTRACE_CACHE_DIR``; else
+``$XDG_CACHE_HOME/mltrace``, else ``~/.cache/mltrace``; ``off`` turns the cache off), under
+``statistics/``, named by a hash of the trial's location: nothing is written into the trial,
+which may be read-only, on S3, or still training. It holds, per (tensor, statistic, worker), the
+steps and values a :class:`~mltrace.analysis.heatmap.StatisticCache` read, and for each step the
+checksum of the step's index files (``Trial.step_checksums``) when it was read. A step whose index
+files changed since (a job restarted into the same folder rewrites its steps) is not restored:
+its values are read again. A damaged or foreign file is set aside with a warning and rebuilt.
+
+Example:
+    >>> cache_root({"MLTRACE_CACHE_DIR": "off"}) is None
+    True
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import zipfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from mltrace.trials import Trial
+
+logger = logging.getLogger("mltrace.analysis")
+
+#: The environment variable that moves the cache folder, or turns it off (``off``).
+CACHE_DIR_ENV = "MLTRACE_CACHE_DIR"
+#: The values that turn the cache off.
+OFF = frozenset({"off", "0", "false", "no", "none"})
+#: Bumped when the file's layout changes: files of another format are rebuilt.
+FORMAT = 1
+#: Keys of the statistic cache: (trial path, tensor, statistic, worker).
+Key = tuple[str, str, str, "str | None"]
+
+
+def cache_root(environ: Mapping[str, str] = os.environ) -> Path | None:
+    """The cache folder (not created here), or None when ``MLTRACE_CACHE_DIR`` turns it off."""
+    raw = environ.get(CACHE_DIR_ENV, "").strip()
+    if raw.lower() in OFF:
+        return None
+    if raw:
+        return Path(raw).expanduser()
+    xdg = environ.get("XDG_CACHE_HOME", "").strip()
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "mltrace"
+
+
+def trial_file(root: Path, trial_path: str) -> Path:
+    """The file that holds the statistics of the trial at ``trial_path``."""
+    digest = hashlib.sha256(trial_path.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+    return root / "statistics" / f"{digest}.npz"
+
+
+@dataclass
+class Stored:
+    """One trial's stored statistics: ``entries[key] = (steps, values)``, and the checksum of
+    each step's index files when its values were read (``checksums[step]``)."""
+
+    trial: str
+    entries: dict[Key, tuple[np.ndarray, np.ndarray]]
+    checksums: dict[int, int]
+
+    def valid_steps(self, current: Mapping[int, int]) -> np.ndarray:
+        """The stored steps whose index files are unchanged (``current``: the trial's
+        checksums now), ascending."""
+        same = np.fromiter((s for s, crc in self.checksums.items() if current.get(s) == crc),
+                           dtype=np.int64)
+        same.sort()
+        return same
+
+
+def write(path: Path, stored: Stored) -> None:
+    """Write ``stored`` to ``path`` at once (a temporary file renamed over it, so a reader never
+    sees half a file). Step arrays shared by several entries are written once."""
+    keys = list(stored.entries)
+    step_sets: dict[bytes, int] = {}
+    step_arrays: list[np.ndarray] = []
+    which = []
+    for key in keys:
+        steps = np.ascontiguousarray(stored.entries[key][0], dtype=np.int64)
+        found = step_sets.setdefault(steps.tobytes(), len(step_arrays))
+        if found == len(step_arrays):
+            step_arrays.append(steps)
+        which.append(found)
+    values = [np.asarray(stored.entries[k][1], dtype=np.float64) for k in keys]
+    meta = {"format": FORMAT, "trial": stored.trial, "keys": [list(k[1:]) for k in keys]}
+    checked = np.fromiter(stored.checksums, dtype=np.int64, count=len(stored.checksums))
+    arrays = {
+        "meta": np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
+        "step_sets": _concat(step_arrays, np.int64),
+        "step_offsets": _offsets(step_arrays),
+        "entry_steps": np.asarray(which, dtype=np.int64),
+        "values": _concat(values, np.float64),
+        "value_offsets": _offsets(values),
+        "checked_steps": checked,
+        "checksums": np.asarray([stored.checksums[s] for s in checked.tolist()], dtype=np.int64),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".npz")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy 2 stubs: **kwds as allow_pickle
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read(path: Path, trial_path: str) -> Stored | None:
+    """The statistics stored at ``path`` for the trial at ``trial_path``; None when there is no
+    such file. A file that cannot be read, of another format or of another trial is moved
+    aside (``.bad``) with a warning, so that the next save starts afresh."""
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            meta = json.loads(f["meta"].tobytes())
+            if meta.get("format") != FORMAT or meta.get("trial") != trial_path:
+                raise ValueError(f"it holds format {meta.get('format')!r} of trial "
+                                 f"{meta.get('trial')!r}, not format {FORMAT} of {trial_path!r}")
+            return _parse(meta, {name: f[name] for name in f.files}, trial_path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, IndexError, TypeError, zipfile.BadZipFile) as exc:
+        logger.warning("ignoring the statistics cache file %s (%s: %s); it is rebuilt from the "
+                       "trial", path, type(exc).__name__, exc)
+        try:
+            os.replace(path, path.with_suffix(".bad"))
+        except OSError:
+            pass
+        return None
+
+
+def _parse(meta: dict[str, Any], arrays: dict[str, np.ndarray], trial_path: str) -> Stored:
+    step_sets = _split(arrays["step_sets"], arrays["step_offsets"])
+    values = _split(arrays["values"], arrays["value_offsets"])
+    which = arrays["entry_steps"].tolist()
+    keys = meta["keys"]
+    if not len(keys) == len(values) == len(which):
+        raise ValueError(f"{len(keys)} keys for {len(values)} value arrays")
+    entries: dict[Key, tuple[np.ndarray, np.ndarray]] = {}
+    for (tensor, statistic, worker), k, v in zip(keys, which, values):
+        steps = step_sets[k]
+        if len(steps) != len(v):
+            raise ValueError(f"{tensor!r} {statistic}: {len(steps)} steps for {len(v)} values")
+        entries[(trial_path, str(tensor), str(statistic), worker)] = (steps, v)
+    checksums = dict(zip(arrays["checked_steps"].tolist(), arrays["checksums"].tolist()))
+    return Stored(trial_path, entries, checksums)
+
+
+def _concat(arrays: Iterable[np.ndarray], dtype: type) -> np.ndarray:
+    parts = list(arrays)
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype)
+
+
+def _offsets(arrays: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum([len(a) for a in arrays])]).astype(np.int64)
+
+
+def _split(flat: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
+    bounds = offsets.tolist()
+    if not bounds or bounds[0] != 0 or bounds[-1] != len(flat) or bounds != sorted(bounds):
+        raise ValueError("offsets do not cover the array")
+    return [flat[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def stored_for(trial: Trial, root: Path) -> tuple[Stored | None, np.ndarray]:
+    """What ``root`` holds for ``trial``, and the steps of it still valid (index unchanged)."""
+    stored = read(trial_file(root, trial.path), trial.path)
+    if stored is None:
+        return None, np.empty(0, dtype=np.int64)
+    return stored, stored.valid_steps(trial.step_checksums(stored.checksums))
+
+
+__all__ = ["CACHE_DIR_ENV", "Stored", "cache_root", "read", "stored_for", "trial_file", "write"]
