@@ -32,24 +32,27 @@ def _work_array(x: np.ndarray) -> np.ndarray:
     return flat
 
 
-_OPS: dict[str, Callable[[np.ndarray], np.generic]] = {
-    "min": np.min,
-    "max": np.max,
-    "mean": np.mean,
-    "std": np.std,
-    "variance": np.var,
-    "sum": np.sum,
-    "prod": np.prod,
-    "median": np.median,
-    "l1": lambda a: np.sum(np.abs(a)),
-    "l2": lambda a: np.sqrt(np.sum(np.square(np.abs(a)))),
-    "nan_count": lambda a: (
-        np.int64(np.count_nonzero(np.isnan(a))) if a.dtype.kind in "fc" else np.int64(0)
-    ),
-    "inf_count": lambda a: (
-        np.int64(np.count_nonzero(np.isinf(a))) if a.dtype.kind in "fc" else np.int64(0)
-    ),
-    "zero_fraction": lambda a: np.float64(np.count_nonzero(a == 0) / a.size),
+#: Each reduction over ``axis`` of a work array (None: all of it; 1: each row of a stack).
+_OPS: dict[str, Callable[[np.ndarray, int | None], np.ndarray]] = {
+    "min": lambda a, axis: np.min(a, axis=axis),
+    "max": lambda a, axis: np.max(a, axis=axis),
+    "mean": lambda a, axis: np.mean(a, axis=axis),
+    "std": lambda a, axis: np.std(a, axis=axis),
+    "variance": lambda a, axis: np.var(a, axis=axis),
+    "sum": lambda a, axis: np.sum(a, axis=axis),
+    "prod": lambda a, axis: np.prod(a, axis=axis),
+    "median": lambda a, axis: np.median(a, axis=axis),
+    "l1": lambda a, axis: np.sum(np.abs(a), axis=axis),
+    "l2": lambda a, axis: np.sqrt(np.sum(np.square(np.abs(a)), axis=axis)),
+    "nan_count": lambda a, axis: np.asarray(
+        np.count_nonzero(np.isnan(a), axis=axis) if a.dtype.kind in "fc"
+        else np.zeros(() if axis is None else a.shape[0]), dtype=np.int64),
+    "inf_count": lambda a, axis: np.asarray(
+        np.count_nonzero(np.isinf(a), axis=axis) if a.dtype.kind in "fc"
+        else np.zeros(() if axis is None else a.shape[0]), dtype=np.int64),
+    "zero_fraction": lambda a, axis: np.asarray(
+        np.count_nonzero(a == 0, axis=axis) / (a.size if axis is None else a.shape[1]),
+        dtype=np.float64),
 }
 REDUCTION_NAMES = tuple(_OPS)
 #: The reductions whose records are int64 (every other one is a float64).
@@ -112,11 +115,35 @@ def compute_many(value: np.ndarray, statistics: Iterable[str]) -> dict[str, np.n
     arr = _work_array(value)
     if arr.size == 0 or arr.dtype.kind not in "biufc":
         return {}
+    return _reduce(arr, wanted, None)
+
+
+def compute_rows(stack: np.ndarray, statistics: Iterable[str]) -> dict[str, np.ndarray]:
+    """:func:`compute_many` of each of the tensors stacked along the first axis of ``stack``
+    (one tensor's values at many steps), in one call per statistic: ``{statistic: array with
+    one value per tensor}``. The same definitions and the same numbers as one by one (each row
+    is reduced over its own contiguous elements); empty for empty or non-numeric tensors.
+
+    Raises:
+        MltraceValueError: an unknown name.
+    """
+    wanted = {s: parse_statistic(s) for s in statistics}
+    rows = len(stack)
+    arr = _work_array(stack).reshape(rows, -1) if rows else np.empty((0, 0))
+    if arr.size == 0 or arr.dtype.kind not in "biufc":
+        return {}
+    return _reduce(arr, wanted, 1)
+
+
+def _reduce(arr: np.ndarray, wanted: dict[str, tuple[str, bool]],
+            axis: int | None) -> dict[str, np.ndarray]:
+    """The reductions ``wanted`` (``{statistic: (reduction, abs)}``) of work array ``arr`` over
+    ``axis``, ``abs`` taken once for all of them."""
     absolute = np.abs(arr) if any(is_abs for _, is_abs in wanted.values()) else arr
     out = {}
     with np.errstate(all="ignore"):
         for statistic, (name, is_abs) in wanted.items():
-            result = np.asarray(_OPS[name](absolute if is_abs else arr))
+            result = np.asarray(_OPS[name](absolute if is_abs else arr, axis))
             # Stored and computed reductions alike are float64 (counts int64), whatever the dtype.
             out[statistic] = result if result.dtype.kind in "ic" else result.astype(np.float64)
     return out

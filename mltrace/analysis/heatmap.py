@@ -27,7 +27,7 @@ from mltrace.analysis.series import Damaged, left_out
 from mltrace.analysis.statistics import UNREADABLE, step_statistics, value_statistics
 from mltrace.exceptions import MltraceValueError
 from mltrace.modes import ModeKeys
-from mltrace.reductions import as_numeric, parse_statistic
+from mltrace.reductions import as_numeric, compute_rows, parse_statistic
 
 if TYPE_CHECKING:
     from mltrace.trials import Trial
@@ -269,8 +269,7 @@ def read_statistics(
         flat = np.asarray(arr).reshape(-1)
         _keep({statistic: float(np.real(flat[0])) if flat.size else float("nan")}, step,
               got[plan.tensor])
-    for plan, step, arr in _read_batch(trial, plans, lambda p: p.raw):
-        _keep(value_statistics(as_numeric(arr), [statistic, *others]), step, got[plan.tensor])
+    _raw_statistics(_read_batch(trial, plans, lambda p: p.raw), [statistic, *others], got)
     for plan in plans:
         if plan.rest:
             _read_rest(trial, plan, [statistic, *others], worker, damaged, got[plan.tensor])
@@ -298,6 +297,28 @@ def _read_batch(trial: Trial, plans: list[_Plan],
             plan.rest = sorted(plan.rest + [step for step, _ in which(plan)])
         return []
     return [(plan, step, arr) for (plan, step, _), arr in zip(batch, arrays)]
+
+
+def _raw_statistics(read: list[tuple[_Plan, int, Any]], names: list[str],
+                    got: dict[str, dict[str, tuple[list[int], list[float]]]]) -> None:
+    """The statistics ``names`` of raw values ``read`` (``(plan, step, array)``) into ``got``:
+    a tensor's values of one shape and dtype stacked and reduced together
+    (:func:`mltrace.reductions.compute_rows`, the same numbers as one by one), any other alone."""
+    alike: dict[tuple[str, tuple[int, ...], str], tuple[list[int], list[np.ndarray]]] = {}
+    for plan, step, arr in read:
+        value = as_numeric(arr)
+        if value.dtype.kind in "biufc" and value.size:
+            steps, values = alike.setdefault((plan.tensor, value.shape, value.dtype.str), ([], []))
+            steps.append(step)
+            values.append(value)
+        else:
+            _keep(value_statistics(value, names), step, got[plan.tensor])
+    for (tensor, _, _), (steps, values) in alike.items():
+        rows = compute_rows(np.stack(values), names)
+        for name in names:
+            got_steps, got_values = got[tensor][name]
+            got_steps.extend(steps)
+            got_values.extend(np.real(rows[name]).astype(np.float64).tolist())
 
 
 def _keep(row: dict[str, float] | None, step: int,

@@ -308,8 +308,11 @@ def _skip(buf: bytes, pos: int, wire_type: int) -> int:
     raise w.WireError(f"unsupported wire type {wire_type}")
 
 
-def _find(buf: bytes, start: int, end: int, field: int) -> tuple[int, int] | None:
-    """(start, end) of the first length-delimited ``field`` in buf[start:end], else None."""
+def find_field(buf: bytes, start: int, end: int, field: int) -> tuple[int, int] | None:
+    """(start, end) of the first length-delimited ``field`` in buf[start:end], else None.
+
+    Raises:
+        WireError: the fields before it, or its length, run past ``end``."""
     pos = start
     while pos < end:
         tag = buf[pos]
@@ -348,19 +351,19 @@ def decode_tensor_payload(payload: bytes, tag: str | None = None) -> np.ndarray 
         mltrace.exceptions.MltraceTypeError: a DataType this reader does not know.
     """
     buf = bytes(payload)
-    summary = _find(buf, 0, len(buf), 5)
+    summary = find_field(buf, 0, len(buf), 5)
     if summary is None:
         return None
-    value = _find(buf, summary[0], summary[1], 1)
+    value = find_field(buf, summary[0], summary[1], 1)
     if value is None:
         return None
     if tag is not None:
-        found = _find(buf, value[0], value[1], 1)
+        found = find_field(buf, value[0], value[1], 1)
         held = buf[found[0]:found[1]] if found else b""
         if held != tag.encode("utf-8", "surrogatepass"):
             raise w.WireError(f"the record holds tensor {held.decode('utf-8', 'replace')!r}, not "
                               f"{tag!r}: the index points at the wrong record")
-    tensor = _find(buf, value[0], value[1], 8)
+    tensor = find_field(buf, value[0], value[1], 8)
     if tensor is None:
         return None
     return decode_tensor(memoryview(buf)[tensor[0]:tensor[1]])

@@ -18,7 +18,7 @@ from mltrace.exceptions import (
     MltraceTypeError,
     TensorUnavailableForStep,
 )
-from mltrace.format import flight_record, paths
+from mltrace.format import flight_record, paths, record_batch
 from mltrace.format.crc32c import crc32c
 from mltrace.format.events import WireError, decode_event, decode_tensor_payload
 from mltrace.format.flight_record import FirstNonFinite, FlightRecord
@@ -98,7 +98,7 @@ class RecordReads(TrialRefresh):
         """
         requests = [(loc.key, loc.start, loc.length) for loc in locations]
         records: list[bytes] = list(self.storage.read_many(requests))
-        return [self._decode_record(rec, loc) for rec, loc in zip(records, locations)]
+        return record_batch.decode_records(records, locations, self._decode_record)
 
     def _decode_record(self, record: bytes, loc: Location) -> np.ndarray:
         where = f"{self.storage.uri}/{loc.key} at byte {loc.start}"
