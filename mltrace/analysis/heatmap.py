@@ -28,6 +28,7 @@ from mltrace.analysis.statistics import UNREADABLE, step_statistics, value_stati
 from mltrace.exceptions import MltraceValueError
 from mltrace.modes import ModeKeys
 from mltrace.reductions import as_numeric, compute_rows, parse_statistic
+from mltrace.trials.refresh import collector_paused
 
 if TYPE_CHECKING:
     from mltrace.trials import Trial
@@ -205,7 +206,9 @@ class _Plan:
 
 def _plan(trial: Trial, tensor: str, statistic: str, worker: str | None,
           cache: StatisticCache | None, damaged: list[Damaged] | None,
-          only: set[int] | None) -> _Plan:
+          only: set[int] | None, fixed: str | None = None) -> _Plan:
+    """What ``tensor`` still needs read (``fixed``: whose values, when that is one worker for
+    every step: ``worker``, or the trial's only one; else each step's first)."""
     name, is_abs = parse_statistic(statistic)
     entries = trial.index_entries(tensor)
     known = cache.get((trial.path, tensor, statistic, worker)) if cache is not None else StepValues()
@@ -225,18 +228,18 @@ def _plan(trial: Trial, tensor: str, statistic: str, worker: str | None,
     if only is None:
         known.signature = signature  # every step read: next time only a changed index reads
     plan = _Plan(tensor, known, [], [])
+    reductions, values, key = entries.reductions, entries.values, (name, is_abs)
     for step in new:
-        by_worker = entries.reductions.get(step)
-        loc = None
-        if by_worker:
-            chosen = worker if worker is not None else min(by_worker)
-            loc = by_worker.get(chosen, {}).get((name, is_abs))
-        raw = entries.values.get(step)
-        if loc is not None:
-            plan.stored.append((step, loc))
-        elif not by_worker and raw and (worker is None or worker in raw):
-            plan.raw.append((step, raw[worker if worker is not None else min(raw)]))
-        else:  # some reductions stored but not this one, or not this worker's: one by one
+        by_worker = reductions.get(step)
+        if by_worker:  # a reduction stored, this one or not this worker's: else one by one
+            mine = by_worker.get(fixed if fixed is not None else min(by_worker))
+            loc = mine.get(key) if mine else None
+            (plan.rest.append(step) if loc is None else plan.stored.append((step, loc)))
+            continue
+        raw = values.get(step)
+        if raw and (worker is None or worker in raw):
+            plan.raw.append((step, raw[fixed if fixed is not None else min(raw)]))
+        else:
             plan.rest.append(step)
     return plan
 
@@ -257,9 +260,18 @@ def read_statistics(
     With ``siblings`` (what the overview reads), a raw value decoded for one of the overview's
     statistics gives the others too: they are kept in ``cache`` for the steps they lack, so
     switching the statistic of a trial saved raw reads nothing again."""
+    with collector_paused():  # a million small objects made, none in a cycle
+        return _read_statistics(trial, tensors, statistic, worker, cache, damaged, only, siblings)
+
+
+def _read_statistics(trial: Trial, tensors: Sequence[str], statistic: str, worker: str | None,
+                     cache: StatisticCache | None, damaged: list[Damaged] | None,
+                     only: set[int] | None, siblings: bool) -> list[StepValues]:
     if cache is not None:
         cache.restore(trial)
-    plans = [_plan(trial, t, statistic, worker, cache, damaged, only) for t in tensors]
+    workers = trial.workers()
+    fixed = worker if worker is not None else (workers[0] if len(workers) == 1 else None)
+    plans = [_plan(trial, t, statistic, worker, cache, damaged, only, fixed) for t in tensors]
     others = ([s for s in OVERVIEW_STATISTICS if s != statistic]
               if siblings and cache is not None and statistic in OVERVIEW_STATISTICS else [])
     # per tensor, (steps, values) read of each statistic: the one asked for, then the others
@@ -267,8 +279,9 @@ def read_statistics(
         p.tensor: {s: ([], []) for s in (statistic, *others)} for p in plans}
     for plan, step, arr in _read_batch(trial, plans, lambda p: p.stored):
         flat = np.asarray(arr).reshape(-1)
-        _keep({statistic: float(np.real(flat[0])) if flat.size else float("nan")}, step,
-              got[plan.tensor])
+        got_steps, got_values = got[plan.tensor][statistic]
+        got_steps.append(step)
+        got_values.append(float(np.real(flat[0])) if flat.size else float("nan"))
     _raw_statistics(_read_batch(trial, plans, lambda p: p.raw), [statistic, *others], got)
     for plan in plans:
         if plan.rest:

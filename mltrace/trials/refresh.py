@@ -164,7 +164,7 @@ class TrialRefresh:
 
     def _ingest(self, keys: Iterable[str]) -> None:
         todo = self._new_index_keys(keys)
-        with _collector_paused():
+        with collector_paused():
             self._ingest_keys(todo)
         self._advance_complete_steps()
 
@@ -261,12 +261,14 @@ class TrialRefresh:
 
 
 @contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused (when it runs) while index files are ingested.
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector paused (when it runs) while index files are ingested,
+    or a view reads a million records of an open trial.
 
     An index holds millions of small objects (a location per record) and no cycle; each batch
     of new objects would start a collection that walks all of them again, half the time of
-    opening a trial of 1M records. Reference counting frees everything as usual meanwhile."""
+    opening a trial of 1M records. Reference counting frees everything as usual meanwhile.
+    Nested or concurrent pauses leave the collector as the outermost found it."""
     was_on = gc.isenabled()
     gc.disable()
     try:
