@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
 import numpy as np
 
@@ -24,9 +24,19 @@ from mltrace.format.crc32c import crc32c_bytes
 from mltrace.format.events import find_field
 from mltrace.format.records import FOOTER_BYTES, HEADER_BYTES, MAGIC_FOOTER
 
-if TYPE_CHECKING:
-    from mltrace.trials.index import Location
 
+class RecordPlace(Protocol):
+    """What this module needs of a record's index entry (``mltrace.trials.index.Location``):
+    its payload's CRC32C (None when the index has none) and the tensor name it is for."""
+
+    @property
+    def crc32c(self) -> int | None: ...
+
+    @property
+    def tag(self) -> str | None: ...
+
+
+Location = TypeVar("Location", bound=RecordPlace)
 #: Records of one tensor and length below this many are decoded one by one (nothing to gain).
 MIN_GROUP = 3
 
