@@ -34,8 +34,6 @@ POLL_INTERVAL = 0.5
 DEFAULT_INCOMPLETE_STEP_WINDOW = 1000
 #: Index files read per batch (remote storages fetch a batch in parallel).
 INDEX_BATCH = 256
-#: New objects a paused collector may leave before one full collection settles them at once.
-SETTLE_AFTER = 200_000
 
 
 def env_seconds(name: str, default: float) -> float:
@@ -270,11 +268,7 @@ def collector_paused() -> Iterator[None]:
     An index holds millions of small objects (a location per record) and no cycle; each batch
     of new objects would start a collection that walks all of them again, half the time of
     opening a trial of 1M records. Reference counting frees everything as usual meanwhile.
-    Nested or concurrent pauses leave the collector as the outermost found it.
-
-    When the pause leaves many new objects behind (a trial's index), one full collection runs
-    at its end: left to itself, the collector would walk them three times, once per generation
-    they pass through (about 0.4 s each for a 1M-record index), before they settle."""
+    Nested or concurrent pauses leave the collector as the outermost found it."""
     was_on = gc.isenabled()
     gc.disable()
     try:
@@ -282,5 +276,3 @@ def collector_paused() -> Iterator[None]:
     finally:
         if was_on:
             gc.enable()
-            if gc.get_count()[0] > SETTLE_AFTER:
-                gc.collect()
