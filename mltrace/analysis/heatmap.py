@@ -140,8 +140,9 @@ class StatisticCache(LruCache[StepValues]):
             self._unsaved.discard(path)
             self._saved_at[path] = time.monotonic()
             try:
-                stored.write(stored.trial_file(self.root, path),
-                             stored.Stored(path, entries, checksums))
+                where = stored.location(trial)
+                stored.write(stored.trial_file(self.root, where),
+                             stored.Stored(where, entries, checksums))
             except OSError as exc:
                 logger.warning("cannot save overview statistics under %s (%s); set %s to a "
                                "writable folder, or to 'off'", self.root, exc,

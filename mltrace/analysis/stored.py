@@ -57,16 +57,26 @@ def cache_root(environ: Mapping[str, str] = os.environ) -> Path | None:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "mltrace"
 
 
-def trial_file(root: Path, trial_path: str) -> Path:
-    """The file that holds the statistics of the trial at ``trial_path``."""
-    digest = hashlib.sha256(trial_path.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+def location(trial: Trial) -> str:
+    """What names ``trial`` in the cache: its URI, a local folder as an absolute path (the
+    same trial opened as ``run`` and as ``/home/me/run`` is one file; two folders named ``run``
+    are two)."""
+    if trial.storage.is_local:
+        return os.path.abspath(os.path.expanduser(trial.path))
+    return trial.path
+
+
+def trial_file(root: Path, trial_location: str) -> Path:
+    """The file that holds the statistics of the trial at ``trial_location`` (:func:`location`)."""
+    digest = hashlib.sha256(trial_location.encode("utf-8", "surrogatepass")).hexdigest()[:40]
     return root / "statistics" / f"{digest}.npz"
 
 
 @dataclass
 class Stored:
     """One trial's stored statistics: ``entries[key] = (steps, values)``, and the checksum of
-    each step's index files when its values were read (``checksums[step]``)."""
+    each step's index files when its values were read (``checksums[step]``); ``trial`` is its
+    :func:`location`."""
 
     trial: str
     entries: dict[Key, tuple[np.ndarray, np.ndarray]]
@@ -118,17 +128,20 @@ def write(path: Path, stored: Stored) -> None:
         raise
 
 
-def read(path: Path, trial_path: str) -> Stored | None:
-    """The statistics stored at ``path`` for the trial at ``trial_path``; None when there is no
-    such file. A file that cannot be read, of another format or of another trial is moved
+def read(path: Path, trial_location: str, trial_path: str | None = None) -> Stored | None:
+    """The statistics stored at ``path`` for the trial at ``trial_location``, their keys under
+    ``trial_path`` (how the reader names the trial; default: the location); None when there is
+    no such file. A file that cannot be read, of another format or of another trial is moved
     aside (``.bad``) with a warning, so that the next save starts afresh."""
     try:
         with np.load(path, allow_pickle=False) as f:
             meta = json.loads(f["meta"].tobytes())
-            if meta.get("format") != FORMAT or meta.get("trial") != trial_path:
+            if meta.get("format") != FORMAT or meta.get("trial") != trial_location:
                 raise ValueError(f"it holds format {meta.get('format')!r} of trial "
-                                 f"{meta.get('trial')!r}, not format {FORMAT} of {trial_path!r}")
-            return _parse(meta, {name: f[name] for name in f.files}, trial_path)
+                                 f"{meta.get('trial')!r}, not format {FORMAT} of "
+                                 f"{trial_location!r}")
+            return _parse(meta, {name: f[name] for name in f.files}, trial_location,
+                          trial_path or trial_location)
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, IndexError, TypeError, zipfile.BadZipFile) as exc:
@@ -141,7 +154,8 @@ def read(path: Path, trial_path: str) -> Stored | None:
         return None
 
 
-def _parse(meta: dict[str, Any], arrays: dict[str, np.ndarray], trial_path: str) -> Stored:
+def _parse(meta: dict[str, Any], arrays: dict[str, np.ndarray], trial_location: str,
+           trial_path: str) -> Stored:
     step_sets = _split(arrays["step_sets"], arrays["step_offsets"])
     values = _split(arrays["values"], arrays["value_offsets"])
     which = arrays["entry_steps"].tolist()
@@ -155,7 +169,7 @@ def _parse(meta: dict[str, Any], arrays: dict[str, np.ndarray], trial_path: str)
             raise ValueError(f"{tensor!r} {statistic}: {len(steps)} steps for {len(v)} values")
         entries[(trial_path, str(tensor), str(statistic), worker)] = (steps, v)
     checksums = dict(zip(arrays["checked_steps"].tolist(), arrays["checksums"].tolist()))
-    return Stored(trial_path, entries, checksums)
+    return Stored(trial_location, entries, checksums)
 
 
 def _concat(arrays: Iterable[np.ndarray], dtype: type) -> np.ndarray:
@@ -176,10 +190,12 @@ def _split(flat: np.ndarray, offsets: np.ndarray) -> list[np.ndarray]:
 
 def stored_for(trial: Trial, root: Path) -> tuple[Stored | None, np.ndarray]:
     """What ``root`` holds for ``trial``, and the steps of it still valid (index unchanged)."""
-    stored = read(trial_file(root, trial.path), trial.path)
+    where = location(trial)
+    stored = read(trial_file(root, where), where, trial.path)
     if stored is None:
         return None, np.empty(0, dtype=np.int64)
     return stored, stored.valid_steps(trial.step_checksums(stored.checksums))
 
 
-__all__ = ["CACHE_DIR_ENV", "Stored", "cache_root", "read", "stored_for", "trial_file", "write"]
+__all__ = ["CACHE_DIR_ENV", "Stored", "cache_root", "location", "read", "stored_for", "trial_file",
+           "write"]

@@ -55,7 +55,7 @@ def test_a_fresh_viewer_reads_the_statistics_from_disk_not_the_trial(tmp_path, c
     first = _highs(create_trial(path), StatisticCache(root=cache_dir))
     assert first[2][5] == pytest.approx(_l2(2, 5))
     files = list((cache_dir / "statistics").glob("*.npz"))
-    assert [f.name for f in files] == [stored_mod.trial_file(cache_dir, path).name]
+    assert [f.name for f in files] == [stored_mod.trial_file(cache_dir, os.path.abspath(path)).name]
     # the records gone: a viewer that decoded anything would now see damaged steps
     shutil.rmtree(os.path.join(path, "events"))
     again = create_trial(path)
@@ -99,7 +99,7 @@ def test_a_live_trial_restores_its_complete_steps_and_reads_only_the_new_ones(tm
 def test_a_damaged_cache_file_is_set_aside_and_rebuilt(tmp_path, cache_dir, caplog):
     path = _write(tmp_path / "run")
     want = _highs(create_trial(path), StatisticCache(root=cache_dir))
-    file = stored_mod.trial_file(cache_dir, path)
+    file = stored_mod.trial_file(cache_dir, os.path.abspath(path))
     file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
     with caplog.at_level(logging.WARNING, logger="mltrace.analysis"):
         got = _highs(create_trial(path), StatisticCache(root=cache_dir))
@@ -112,8 +112,8 @@ def test_another_trials_file_is_not_used(tmp_path, cache_dir, caplog):
     a = _write(tmp_path / "a")
     b = _write(tmp_path / "b", bumped=0)
     _highs(create_trial(a), StatisticCache(root=cache_dir))
-    stored_mod.trial_file(cache_dir, b).parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(stored_mod.trial_file(cache_dir, a), stored_mod.trial_file(cache_dir, b))
+    stored_mod.trial_file(cache_dir, os.path.abspath(b)).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(stored_mod.trial_file(cache_dir, os.path.abspath(a)), stored_mod.trial_file(cache_dir, os.path.abspath(b)))
     with caplog.at_level(logging.WARNING, logger="mltrace.analysis"):
         highs = _highs(create_trial(b), StatisticCache(root=cache_dir))
     assert highs[0][0] == pytest.approx(_l2(0, 0, 10.0))
@@ -129,6 +129,16 @@ def test_an_unwritable_cache_folder_warns_once_and_the_view_still_answers(tmp_pa
         highs = _highs(create_trial(path), cache)
     assert highs[2][0] == pytest.approx(_l2(2, 0))
     assert "MLTRACE_CACHE_DIR" in caplog.text and cache.root is None
+
+
+def test_a_trial_opened_by_another_path_uses_the_same_file(tmp_path, cache_dir, monkeypatch):
+    path = _write(tmp_path / "run")
+    _highs(create_trial(path), StatisticCache(root=cache_dir))
+    shutil.rmtree(os.path.join(path, "events"))  # only the cache can answer now
+    monkeypatch.chdir(tmp_path)
+    relative = create_trial("run")
+    assert relative.path == "run"
+    assert _highs(relative, StatisticCache(root=cache_dir))[1][4] == pytest.approx(_l2(1, 4))
 
 
 def test_the_cache_folder_comes_from_the_environment(tmp_path):
