@@ -10,8 +10,10 @@ TensorBoard plugin, the MLflow summary, comparison and plots, and ``mltrace info
   ``common_edges``.
 - :mod:`~mltrace.analysis.overview`: ``trial_overview``, ``match_tensors``, ``format_statistic``.
 - :mod:`~mltrace.analysis.heatmap`: ``tensor_heatmap`` (one statistic of many tensors over step
-  buckets, min/max per bucket, non-finite values counted apart), ``statistic_steps``,
-  ``StatisticCache``.
+  buckets, min/max per bucket, non-finite values counted apart), ``statistic_steps``.
+- :mod:`~mltrace.analysis.statistic_cache`: ``StatisticCache`` (what the overview read, per
+  tensor and statistic) and ``StepValues``; :mod:`~mltrace.analysis.stored` keeps a trial's on
+  disk (``MLTRACE_CACHE_DIR``), so that a trial is decoded once per machine.
 - :mod:`~mltrace.analysis.difference`: ``difference_heatmap`` (run against run: the ratio of
   one statistic at each step, and where the runs part ways, :mod:`~mltrace.analysis.parting`).
 - :mod:`~mltrace.analysis.cache`: ``LruCache``, the bounded cache of steps already read behind
