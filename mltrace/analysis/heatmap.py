@@ -170,7 +170,7 @@ def _read_statistics(trial: Trial, tensors: Sequence[str], statistic: str, worke
             cache.note_read(trial)
         for name in others:
             if got[plan.tensor][name][0] and cache is not None:
-                _add_new(cache.get((trial.path, plan.tensor, name, worker)), *got[plan.tensor][name])
+                cache.get((trial.path, plan.tensor, name, worker)).extend(*got[plan.tensor][name])
     return [plan.known for plan in plans]
 
 
@@ -237,12 +237,6 @@ def _read_rest(trial: Trial, plan: _Plan, names: list[str], worker: str | None,
                 damaged.append(plan.known.damaged[-1])
             continue
         _keep(row, step, into)
-
-
-def _add_new(entry: StepValues, steps: list[int], values: list[float]) -> None:
-    """Add to ``entry`` the steps it does not hold yet (read for another statistic)."""
-    keep = ~np.isin(np.asarray(steps, dtype=np.int64), entry.steps)
-    entry.extend([s for s, k in zip(steps, keep) if k], [v for v, k in zip(values, keep) if k])
 
 
 @dataclass

@@ -45,12 +45,21 @@ class StepValues:
     #: Steps whose records could not be read (tried again when the index changes).
     damaged: list[Damaged] = field(default_factory=list)
 
-    def extend(self, steps: Sequence[int], values: Sequence[float]) -> None:
-        """Add steps (any order, none known yet) and keep the arrays sorted by step."""
-        if not steps:
+    def extend(self, steps: Sequence[int] | np.ndarray,
+               values: Sequence[float] | np.ndarray) -> None:
+        """Add the steps (any order) not held yet and keep the arrays sorted by step. A step
+        held already keeps its value: two readers of one entry (two requests, or a restore
+        from the cache folder and a read) may bring the same complete step, which never
+        changes."""
+        if not len(steps):
             return
-        s = np.concatenate([self.steps, np.asarray(steps, dtype=np.int64)])
-        v = np.concatenate([self.values, np.asarray(values, dtype=np.float64)])
+        new_steps = np.asarray(steps, dtype=np.int64)
+        new_values = np.asarray(values, dtype=np.float64)
+        if len(self.steps):
+            fresh = ~np.isin(new_steps, self.steps)
+            new_steps, new_values = new_steps[fresh], new_values[fresh]
+        s = np.concatenate([self.steps, new_steps])
+        v = np.concatenate([self.values, new_values])
         order = np.argsort(s, kind="stable")
         self.steps, self.values = s[order], v[order]
 
@@ -79,24 +88,31 @@ class StatisticCache(LruCache[StepValues]):
         entries were restored."""
         if self.root is None or trial.path in self._restored:
             return 0
-        with self._disk_lock:
+        with self._disk_lock:  # a second reader of the trial waits here until it is restored
             if trial.path in self._restored:
                 return 0
-            self._restored.add(trial.path)
-            found, valid = stored.stored_for(trial, self.root)
-            if found is None:
-                return 0
-            names = set(trial.tensor_names())
-            restored = 0
-            for key, (steps, values) in found.entries.items():
-                entry = self.get(key)
-                if key[1] not in names or len(entry.steps):
-                    continue
-                keep = np.isin(steps, valid)
-                entry.steps, entry.values = steps[keep], values[keep]
+            try:
+                return self._restore(trial, self.root)
+            finally:
+                self._restored.add(trial.path)
+
+    def _restore(self, trial: Trial, root: Path) -> int:
+        found, valid = stored.stored_for(trial, root)
+        if found is None:
+            return 0
+        names = set(trial.tensor_names())
+        restored = 0
+        for key, (steps, values) in found.entries.items():
+            if key[1] not in names:
+                continue
+            keep = np.isin(steps, valid)
+            entry = self.get(key)
+            held = len(entry.steps)
+            entry.extend(steps[keep], values[keep])
+            if not held:
                 _mark_covered(trial, key[1], entry)
-                restored += 1
-            return restored
+            restored += 1
+        return restored
 
     def note_read(self, trial: Trial) -> None:
         """Values of ``trial`` were read that the cache folder does not hold yet."""

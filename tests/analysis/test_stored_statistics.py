@@ -155,3 +155,35 @@ def test_switched_off_nothing_is_written(tmp_path, monkeypatch):
     assert cache.root is None
     _highs(create_trial(path), cache)
     assert not any(tmp_path.rglob("*.npz"))
+
+
+def test_a_step_brought_twice_is_held_once():
+    """Two readers of one entry (a restore and a read, two requests) may bring the same step."""
+    from mltrace.analysis import StepValues
+
+    entry = StepValues()
+    entry.extend([3, 1], [30.0, 10.0])
+    entry.extend([2, 3], [20.0, 99.0])
+    assert entry.steps.tolist() == [1, 2, 3] and entry.values.tolist() == [10.0, 20.0, 30.0]
+
+
+def test_viewers_of_one_trial_at_once_share_one_restore(tmp_path, cache_dir):
+    import threading
+
+    path = _write(tmp_path / "run")
+    want = _highs(create_trial(path), StatisticCache(root=cache_dir))
+    trial = create_trial(path)
+    cache = StatisticCache(root=cache_dir)
+    got: dict[int, list[list[float]]] = {}
+    statistics = ("l2", "l2", "abs_max", "l2")
+    threads = [threading.Thread(target=lambda k=k: got.__setitem__(k, _highs(trial, cache,
+                                                                             statistics[k])))
+               for k in range(len(statistics))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [got[k] for k in (0, 1, 3)] == [want] * 3
+    assert got[2][1][3] == pytest.approx(float(np.abs(_value(1, 3)).max()))
+    found = tensor_heatmap(trial, NAMES, "l2", columns=STEPS, cache=cache)
+    assert [int(r.count.sum()) for r in found.rows] == [STEPS] * 3
