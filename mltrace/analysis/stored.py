@@ -1,12 +1,14 @@
 """The overview's statistics kept on disk, so that a trial is decoded once per machine, not once
-per viewer: a fresh TensorBoard (or ``mltrace compare``) on a trial looked at before reads its
-heat maps from one file instead of decoding a million records again.
+per viewer: a fresh TensorBoard on a trial looked at before reads its heat maps (the overview,
+the difference view, the non-finite check) from one file instead of decoding a million records
+again.
 
 A trial's file lives in the cache folder (``MLTRACE_CACHE_DIR``; else
 ``$XDG_CACHE_HOME/mltrace``, else ``~/.cache/mltrace``; ``off`` turns the cache off), under
 ``statistics/``, named by a hash of the trial's location: nothing is written into the trial,
-which may be read-only, on S3, or still training. It holds, per (tensor, statistic, worker), the
-steps and values a :class:`~mltrace.analysis.heatmap.StatisticCache` read, and for each step the
+which may be read-only, on S3, or still training (the folder keeps at most MAX_BYTES, the files
+used longest ago deleted first). It holds, per (tensor, statistic, worker), the
+steps and values a :class:`~mltrace.analysis.statistic_cache.StatisticCache` read, and for each step the
 checksum of the step's index files (``Trial.step_checksums``) when it was read. A step whose index
 files changed since (a job restarted into the same folder rewrites its steps) is not restored:
 its values are read again. A damaged or foreign file is set aside with a warning and rebuilt.
@@ -42,6 +44,8 @@ CACHE_DIR_ENV = "MLTRACE_CACHE_DIR"
 OFF = frozenset({"off", "0", "false", "no", "none"})
 #: Bumped when the file's layout changes: files of another format are rebuilt.
 FORMAT = 1
+#: The most the statistics folder holds; beyond it the files used longest ago are deleted.
+MAX_BYTES = 2 << 30
 #: Keys of the statistic cache: (trial path, tensor, statistic, worker).
 Key = tuple[str, str, str, "str | None"]
 
@@ -126,6 +130,35 @@ def write(path: Path, stored: Stored) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    prune(path.parent, MAX_BYTES, keep=path)
+
+
+def prune(folder: Path, max_bytes: int, keep: Path | None = None) -> list[Path]:
+    """Delete the files of ``folder`` used longest ago (a read or a write sets a file's time)
+    until the rest hold at most ``max_bytes``; never ``keep``, the one just written. Returns
+    what was deleted (a file another process deleted first is skipped)."""
+    found = []
+    for entry in os.scandir(folder):
+        if entry.is_file() and not entry.name.startswith("."):
+            try:
+                stat = entry.stat()
+            except OSError:
+                continue
+            found.append((stat.st_mtime, stat.st_size, Path(entry.path)))
+    total = sum(size for _, size, _ in found)
+    deleted = []
+    for _, size, file in sorted(found):
+        if total <= max_bytes:
+            break
+        if keep is not None and file == keep:
+            continue
+        try:
+            file.unlink()
+        except OSError:
+            continue
+        total -= size
+        deleted.append(file)
+    return deleted
 
 
 def read(path: Path, trial_location: str, trial_path: str | None = None) -> Stored | None:
@@ -135,6 +168,7 @@ def read(path: Path, trial_location: str, trial_path: str | None = None) -> Stor
     aside (``.bad``) with a warning, so that the next save starts afresh."""
     try:
         with np.load(path, allow_pickle=False) as f:
+            _touch(path)
             meta = json.loads(f["meta"].tobytes())
             if meta.get("format") != FORMAT or meta.get("trial") != trial_location:
                 raise ValueError(f"it holds format {meta.get('format')!r} of trial "
@@ -152,6 +186,15 @@ def read(path: Path, trial_location: str, trial_path: str | None = None) -> Stor
         except OSError:
             pass
         return None
+
+
+def _touch(path: Path) -> None:
+    """Mark ``path`` used now (the last file a prune deletes); a folder that is read-only
+    for this user keeps its times."""
+    try:
+        os.utime(path)
+    except OSError:
+        pass
 
 
 def _parse(meta: dict[str, Any], arrays: dict[str, np.ndarray], trial_location: str,
@@ -197,5 +240,5 @@ def stored_for(trial: Trial, root: Path) -> tuple[Stored | None, np.ndarray]:
     return stored, stored.valid_steps(trial.step_checksums(stored.checksums))
 
 
-__all__ = ["CACHE_DIR_ENV", "Stored", "cache_root", "location", "read", "stored_for", "trial_file",
-           "write"]
+__all__ = ["CACHE_DIR_ENV", "MAX_BYTES", "Stored", "cache_root", "location", "prune", "read",
+           "stored_for", "trial_file", "write"]

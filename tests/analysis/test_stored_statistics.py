@@ -187,3 +187,28 @@ def test_viewers_of_one_trial_at_once_share_one_restore(tmp_path, cache_dir):
     assert got[2][1][3] == pytest.approx(float(np.abs(_value(1, 3)).max()))
     found = tensor_heatmap(trial, NAMES, "l2", columns=STEPS, cache=cache)
     assert [int(r.count.sum()) for r in found.rows] == [STEPS] * 3
+
+
+def test_the_folder_keeps_the_files_used_last_within_its_bound(tmp_path):
+    folder = tmp_path / "statistics"
+    folder.mkdir()
+    files = []
+    for k, when in enumerate((100, 300, 200, 400)):
+        file = folder / f"{k}.npz"
+        file.write_bytes(b"x" * 1000)
+        os.utime(file, (when, when))
+        files.append(file)
+    deleted = stored_mod.prune(folder, max_bytes=2500, keep=files[0])
+    # the oldest (files[0]) is the one just written: kept; then 2 and 1 go, oldest first
+    assert deleted == [files[2], files[1]]
+    assert sorted(p.name for p in folder.iterdir()) == ["0.npz", "3.npz"]
+    assert stored_mod.prune(folder, max_bytes=10_000) == []
+
+
+def test_reading_a_trials_file_marks_it_used(tmp_path, cache_dir):
+    path = _write(tmp_path / "run")
+    _highs(create_trial(path), StatisticCache(root=cache_dir))
+    file = stored_mod.trial_file(cache_dir, os.path.abspath(path))
+    os.utime(file, (1, 1))
+    _highs(create_trial(path), StatisticCache(root=cache_dir))
+    assert file.stat().st_mtime > 1
