@@ -32,6 +32,15 @@ def _work_array(x: np.ndarray) -> np.ndarray:
     return flat
 
 
+def _count_floats(test: Callable[[np.ndarray], np.ndarray], a: np.ndarray,
+                  axis: int | None) -> np.ndarray:
+    """How many elements ``test`` holds for over ``axis``, as int64 (0 for ints and bools,
+    which are never NaN or infinite)."""
+    if a.dtype.kind in "fc":
+        return np.asarray(np.count_nonzero(test(a), axis=axis), dtype=np.int64)
+    return np.zeros(() if axis is None else a.shape[0], dtype=np.int64)
+
+
 #: Each reduction over ``axis`` of a work array (None: all of it; 1: each row of a stack).
 _OPS: dict[str, Callable[[np.ndarray, int | None], np.ndarray]] = {
     "min": lambda a, axis: np.min(a, axis=axis),
@@ -44,12 +53,8 @@ _OPS: dict[str, Callable[[np.ndarray, int | None], np.ndarray]] = {
     "median": lambda a, axis: np.median(a, axis=axis),
     "l1": lambda a, axis: np.sum(np.abs(a), axis=axis),
     "l2": lambda a, axis: np.sqrt(np.sum(np.square(np.abs(a)), axis=axis)),
-    "nan_count": lambda a, axis: np.asarray(
-        np.count_nonzero(np.isnan(a), axis=axis) if a.dtype.kind in "fc"
-        else np.zeros(() if axis is None else a.shape[0]), dtype=np.int64),
-    "inf_count": lambda a, axis: np.asarray(
-        np.count_nonzero(np.isinf(a), axis=axis) if a.dtype.kind in "fc"
-        else np.zeros(() if axis is None else a.shape[0]), dtype=np.int64),
+    "nan_count": lambda a, axis: _count_floats(np.isnan, a, axis),
+    "inf_count": lambda a, axis: _count_floats(np.isinf, a, axis),
     "zero_fraction": lambda a, axis: np.asarray(
         np.count_nonzero(a == 0, axis=axis) / (a.size if axis is None else a.shape[1]),
         dtype=np.float64),

@@ -19,7 +19,7 @@ import numpy as np
 
 from mltrace.analysis.normalize import NONE, check_normalization, normalize_values
 from mltrace.analysis.series import Damaged, left_out
-from mltrace.analysis.statistic_cache import StatisticCache, StepValues
+from mltrace.analysis.statistic_cache import StatisticCache, StepValues, index_signature
 from mltrace.analysis.statistics import UNREADABLE, step_statistics, value_statistics
 from mltrace.exceptions import MltraceValueError
 from mltrace.modes import ModeKeys
@@ -92,7 +92,7 @@ def _plan(trial: Trial, tensor: str, statistic: str, worker: str | None,
     entries = trial.index_entries(tensor)
     known = cache.get((trial.path, tensor, statistic, worker)) if cache is not None else StepValues()
     present = entries.global_steps()
-    signature = (len(present), trial.loaded_all_steps, trial.last_complete_step)
+    signature = index_signature(trial, present)
     if known.signature == signature or (only is not None and not only):
         if damaged is not None:
             damaged.extend(known.damaged)
@@ -113,7 +113,10 @@ def _plan(trial: Trial, tensor: str, statistic: str, worker: str | None,
         if by_worker:  # a reduction stored, this one or not this worker's: else one by one
             mine = by_worker.get(fixed if fixed is not None else min(by_worker))
             loc = mine.get(key) if mine else None
-            (plan.rest.append(step) if loc is None else plan.stored.append((step, loc)))
+            if loc is None:
+                plan.rest.append(step)
+            else:
+                plan.stored.append((step, loc))
             continue
         raw = values.get(step)
         if raw and (worker is None or worker in raw):
@@ -148,7 +151,7 @@ def _read_statistics(trial: Trial, tensors: Sequence[str], statistic: str, worke
                      only: set[int] | None, siblings: bool) -> list[StepValues]:
     if cache is not None:
         cache.restore(trial)
-    workers = trial.workers()
+    workers = trial.workers_seen()  # the index as read so far, as _plan reads it: no listing
     fixed = worker if worker is not None else (workers[0] if len(workers) == 1 else None)
     plans = [_plan(trial, t, statistic, worker, cache, damaged, only, fixed) for t in tensors]
     others = ([s for s in OVERVIEW_STATISTICS if s != statistic]

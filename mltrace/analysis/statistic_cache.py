@@ -64,6 +64,13 @@ class StepValues:
         self.steps, self.values = s[order], v[order]
 
 
+def index_signature(trial: Trial, present: set[int]) -> tuple[int, bool, int]:
+    """What the trial's index looks like for a tensor whose global steps are ``present``
+    (:attr:`StepValues.signature`): an entry read in full under the same signature has nothing
+    new to read."""
+    return (len(present), trial.loaded_all_steps, trial.last_complete_step)
+
+
 class StatisticCache(LruCache[StepValues]):
     """Statistics of steps already read, per (trial, tensor, statistic, worker); the least
     recently used entries are dropped beyond ``max_entries``. Complete steps never change.
@@ -157,8 +164,8 @@ def _mark_covered(trial: Trial, tensor: str, entry: StepValues) -> None:
     complete = np.fromiter(present if trial.loaded_all_steps else
                            (s for s in present if trial.is_step_complete(s)), dtype=np.int64)
     if len(complete) == len(entry.steps) and np.isin(complete, entry.steps).all():
-        entry.signature = (len(present), trial.loaded_all_steps, trial.last_complete_step)
+        entry.signature = index_signature(trial, present)
         entry.stride_read = 1
 
 
-__all__ = ["SAVE_EVERY_S", "StatisticCache", "StepValues"]
+__all__ = ["SAVE_EVERY_S", "StatisticCache", "StepValues", "index_signature"]

@@ -75,6 +75,11 @@ class StepQueries(TrialRefresh):
     def workers(self) -> list[str]:
         """Worker names of the trial."""
         self.maybe_refresh()
+        return self.workers_seen()
+
+    def workers_seen(self) -> list[str]:
+        """Worker names of the files read so far, without looking for new ones (what a view
+        asks many times while it reads one answer)."""
         return sorted(self._workers)
 
     # -- whether a step can be read --------------------------------------------------------------
