@@ -7,6 +7,8 @@ biases and gradients of its 50 parameter tensors and the loss are what is monito
 * ``none``: no monitoring.
 * ``raw``: mltrace's hook saving the raw tensors every step (collections weights, biases,
   gradients, losses; smdebug's ``SaveConfig(save_interval=1)``).
+* ``raw_pipe``: ``raw`` with every value sent to mltrace's writer process through its pipe
+  (``MLTRACE_WRITER_RING=off``): what the shared memory for large values saves.
 * ``tofile``: by hand, the same bytes (every parameter and its gradient after ``backward()``)
   written with numpy's ``tofile`` into one file per step on the same filesystem: the floor of
   saving raw tensors.
@@ -45,6 +47,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -65,7 +68,7 @@ from nanogpt import GPTConfig, LanguageModelLoss, make_batches, make_model, make
 
 COLLECTIONS = ["weights", "biases", "gradients", "losses"]
 REDUCED = ["weights", "biases", "gradients"]
-EVERY_STEP = ("none", "raw", "tofile", "reductions", "by_hand", "by_hand_two_pass")
+EVERY_STEP = ("none", "raw", "raw_pipe", "tofile", "reductions", "by_hand", "by_hand_two_pass")
 LONG = ("i100", "i100_recorder", "recorder_by_hand")
 PEERS = ("smdebug", "wandb")
 SETTINGS = (*EVERY_STEP, *LONG, *PEERS)
@@ -108,6 +111,21 @@ class MltraceHook(Monitor):
 
     def close(self) -> None:
         self.hook.close()
+
+
+class PipeOnly(MltraceHook):
+    """``raw`` with every value through the writer process's pipe: MLTRACE_WRITER_RING=off
+    while the run lasts (read when the hook's writer starts, at its first step)."""
+
+    def __init__(self, out_dir: str, model: nn.Module, loss: nn.Module) -> None:
+        os.environ["MLTRACE_WRITER_RING"] = "off"
+        super().__init__("mltrace", out_dir, model, loss, 1)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            os.environ.pop("MLTRACE_WRITER_RING", None)
 
 
 class ToFile(Monitor):
@@ -198,6 +216,8 @@ def monitor(setting: str, out_dir: str, model: nn.Module, loss: nn.Module) -> Mo
         return Monitor()
     if setting in ("raw", "smdebug"):
         return MltraceHook("smdebug" if setting == "smdebug" else "mltrace", out_dir, model, loss, 1)
+    if setting == "raw_pipe":
+        return PipeOnly(out_dir, model, loss)
     if setting == "reductions":
         return MltraceHook("mltrace", out_dir, model, loss, 1, reductions=True)
     if setting in ("i100", "i100_recorder"):
@@ -215,13 +235,44 @@ def monitor(setting: str, out_dir: str, model: nn.Module, loss: nn.Module) -> Mo
     raise SystemExit(f"unknown setting {setting!r}: choose from {', '.join(SETTINGS)}")
 
 
+#: Per setting, each measured run's CPU time off the training thread, ms per step: the other
+#: threads of this process and the processes it started and reaped (mltrace's writer process).
+#: What a library's background work takes from the rest of the machine, which the training
+#: thread's wall time shows only as far as the cores are busy.
+OFF_THREAD: dict[str, list[float]] = {}
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _writer_pids() -> list[int]:
+    """The pids of mltrace's live writer processes (the run's hook's, once it saved a step)."""
+    process = sys.modules.get("mltrace.writer.process")
+    return [] if process is None else [w.pid for w in list(process._LIVE)]  # noqa: SLF001 - a bench's look
+
+
+def _wait_for_reaped(pids: list[int], deadline_s: float = 5.0) -> None:
+    """Wait until these writer processes were reaped (their CPU time then counts in
+    RUSAGE_CHILDREN): each exits once its hook closed its pipe, and a thread of the hook reaps
+    it."""
+    deadline = time.monotonic() + deadline_s
+    while pids and time.monotonic() < deadline:
+        pids = [pid for pid in pids if os.path.exists(f"/proc/{pid}")]
+        if pids:
+            time.sleep(0.01)
+
+
 def one_run(setting: str, batches: list[tuple[torch.Tensor, torch.Tensor]], out_dir: str) -> float:
-    """Milliseconds per step of one run: a fresh model and monitor, the loop, ``close()``."""
+    """Milliseconds per step of one run: a fresh model and monitor, the loop, ``close()``. Its
+    CPU time off the training thread goes to OFF_THREAD (outside the timed region)."""
     model = make_model()
     optimizer = make_optimizer(model)
     loss_fn = LanguageModelLoss()
     watch = monitor(setting, out_dir, model, loss_fn)
     gc.collect()
+    children, process_cpu, thread_cpu = _children_cpu(), time.process_time(), time.thread_time()
     start = time.perf_counter()
     for x, y in batches:
         optimizer.zero_grad(set_to_none=True)
@@ -230,8 +281,13 @@ def one_run(setting: str, batches: list[tuple[torch.Tensor, torch.Tensor]], out_
         watch.after_backward(model)
         optimizer.step()
         watch.after_step(loss)
+    writers = _writer_pids()  # before close, which forgets them
     watch.close()
     elapsed = time.perf_counter() - start
+    others = (time.process_time() - process_cpu) - (time.thread_time() - thread_cpu)
+    _wait_for_reaped(writers)
+    others += _children_cpu() - children
+    OFF_THREAD.setdefault(setting, []).append(others * 1000.0 / len(batches))
     shutil.rmtree(out_dir, ignore_errors=True)
     return elapsed * 1000.0 / len(batches)
 
@@ -257,6 +313,7 @@ def report(results: dict[str, protocol.Measured]) -> list[str]:
     pairs = [("reductions", "by_hand", "none", "reductions / by hand (target <= 1.2)"),
              ("reductions", "by_hand_two_pass", "none", "reductions / by hand, two-pass std (no target)"),
              ("raw", "tofile", "none", "raw / numpy tofile (target <= 1.5)"),
+             ("raw", "raw_pipe", "none", "raw / raw with every value through the writer's pipe (no target)"),
              ("raw", "smdebug", "none", "mltrace / smdebug, raw every step (target <= 1/15 = 0.067)"),
              ("raw", "wandb", "none", "mltrace / W&B watch, raw every step (target <= 1/15 = 0.067)"),
              ("i100_recorder", "recorder_by_hand", "none_long",
@@ -265,6 +322,11 @@ def report(results: dict[str, protocol.Measured]) -> list[str]:
         text = ratio(ours, theirs, base)
         if text is not None:
             lines.append(f"{what}: {text}")
+    off = {name: runs[1:] for name, runs in OFF_THREAD.items() if name in results and runs[1:]}
+    busy = [f"{name} {protocol.median(runs):.2f} ({min(runs):.2f}..{max(runs):.2f})"
+            for name, runs in off.items() if protocol.median(runs) >= 0.05]
+    if busy:  # the warm-up run left out
+        lines.append("CPU off the training thread (other threads, writer process), ms/step: " + ", ".join(busy))
     base_long = results.get("none_long")
     if base_long is not None:
         for name in ("i100", "i100_recorder"):
