@@ -135,12 +135,9 @@ def _read_frames(stream: Any, pending: Any, discarding: threading.Event,
             data: Any = _read_exactly(stream, data_length) if (op & ~IN_GROUP & ~IN_RING) == OP_WRITE else b""
             if key is None or data is None:
                 return
-            end = 0
+            size, end = len(data), 0
             if op & IN_RING:
-                size = len(data)
                 data, end = segments(data, ring)
-            else:
-                size = len(data)
             if not discarding.is_set():
                 pending.put((op, os.fsdecode(key), data, end), size + FRAME_COST)
             elif end:
@@ -154,10 +151,11 @@ def _write_all(root: str, files: Any, pending: Any, discarding: threading.Event)
     group_failed = False
     while True:
         item, size = pending.get()
+        released = item[3] if item is not None else 0  # the end of its ring segments, if any
         try:
             if item is None:
                 return
-            op, key, data, end = item
+            op, key, data, _ = item
             kind = op & ~IN_GROUP & ~IN_RING
             if kind == OP_FLUSH:
                 _report(R_FLUSHED, key.encode())
@@ -175,8 +173,8 @@ def _write_all(root: str, files: Any, pending: Any, discarding: threading.Event)
                 group_failed = True
                 _report(R_FAILED, failure_payload(key, exc))
         finally:
-            if item is not None and item[3]:  # written or not, its part of the ring is free
-                _report(R_RELEASED, str(item[3]).encode())
+            if released:  # written or not, its part of the ring is free
+                _report(R_RELEASED, str(released).encode())
             pending.task_done(size)
 
 

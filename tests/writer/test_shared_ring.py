@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -220,3 +221,35 @@ def test_a_forked_copy_never_writes_into_the_parents_ring(tmp_path):
     trial = create_trial(str(tmp_path / "run"))
     assert trial.steps() == list(range(4))
     assert (trial.tensor("g").value(3) == 3.0).all()
+
+
+def test_frames_a_discarding_child_drops_still_free_their_ring(monkeypatch):
+    """Told to discard (its out_dir was replaced), the child writes nothing more, but what a
+    dropped file held in the ring is released all the same, whether the reading thread or the
+    writing loop drops it."""
+    import io
+
+    from mltrace.writer.byte_queue import ByteQueue
+
+    reports: list[tuple[int, bytes]] = []
+    monkeypatch.setattr(protocol, "_report", lambda kind, payload=b"": reports.append((kind, payload)))
+    ring = memoryview(bytes(4096))
+
+    def frame(end: int) -> bytes:
+        body = protocol.SEGMENT.pack(protocol.SEG_RING, 100, 0, end)
+        return protocol.HEADER.pack(protocol.OP_WRITE | protocol.IN_RING, 1, len(body)) + b"k" + body
+
+    discarding = threading.Event()
+    pending: ByteQueue[object] = ByteQueue(1 << 20)
+    protocol._read_frames(io.BytesIO(frame(128)), pending, discarding, ring)  # noqa: SLF001
+    discarding.set()
+    protocol._read_frames(io.BytesIO(frame(256)), pending, discarding, ring)  # noqa: SLF001
+    assert reports == [(protocol.R_RELEASED, b"256")], "dropped as it was read"
+
+    class NoFiles:
+        def write(self, path: str, data: object) -> None:
+            raise AssertionError(f"wrote {path} while discarding")
+
+    protocol._write_all("/nonexistent", NoFiles(), pending, discarding)  # noqa: SLF001
+    assert reports == [(protocol.R_RELEASED, b"256"), (protocol.R_RELEASED, b"128")], \
+        "the file queued before the discard: dropped by the writing loop, its ring released"
