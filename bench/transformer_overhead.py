@@ -7,8 +7,6 @@ biases and gradients of its 50 parameter tensors and the loss are what is monito
 * ``none``: no monitoring.
 * ``raw``: mltrace's hook saving the raw tensors every step (collections weights, biases,
   gradients, losses; smdebug's ``SaveConfig(save_interval=1)``).
-* ``raw_pipe``: ``raw`` with every value sent to mltrace's writer process through its pipe
-  (``MLTRACE_WRITER_RING=off``): what the shared memory for large values saves.
 * ``tofile``: by hand, the same bytes (every parameter and its gradient after ``backward()``)
   written with numpy's ``tofile`` into one file per step on the same filesystem: the floor of
   saving raw tensors.
@@ -68,7 +66,7 @@ from nanogpt import GPTConfig, LanguageModelLoss, make_batches, make_model, make
 
 COLLECTIONS = ["weights", "biases", "gradients", "losses"]
 REDUCED = ["weights", "biases", "gradients"]
-EVERY_STEP = ("none", "raw", "raw_pipe", "tofile", "reductions", "by_hand", "by_hand_two_pass")
+EVERY_STEP = ("none", "raw", "tofile", "reductions", "by_hand", "by_hand_two_pass")
 LONG = ("i100", "i100_recorder", "recorder_by_hand")
 PEERS = ("smdebug", "wandb")
 SETTINGS = (*EVERY_STEP, *LONG, *PEERS)
@@ -111,21 +109,6 @@ class MltraceHook(Monitor):
 
     def close(self) -> None:
         self.hook.close()
-
-
-class PipeOnly(MltraceHook):
-    """``raw`` with every value through the writer process's pipe: MLTRACE_WRITER_RING=off
-    while the run lasts (read when the hook's writer starts, at its first step)."""
-
-    def __init__(self, out_dir: str, model: nn.Module, loss: nn.Module) -> None:
-        os.environ["MLTRACE_WRITER_RING"] = "off"
-        super().__init__("mltrace", out_dir, model, loss, 1)
-
-    def close(self) -> None:
-        try:
-            super().close()
-        finally:
-            os.environ.pop("MLTRACE_WRITER_RING", None)
 
 
 class ToFile(Monitor):
@@ -216,8 +199,6 @@ def monitor(setting: str, out_dir: str, model: nn.Module, loss: nn.Module) -> Mo
         return Monitor()
     if setting in ("raw", "smdebug"):
         return MltraceHook("smdebug" if setting == "smdebug" else "mltrace", out_dir, model, loss, 1)
-    if setting == "raw_pipe":
-        return PipeOnly(out_dir, model, loss)
     if setting == "reductions":
         return MltraceHook("mltrace", out_dir, model, loss, 1, reductions=True)
     if setting in ("i100", "i100_recorder"):
@@ -313,7 +294,6 @@ def report(results: dict[str, protocol.Measured]) -> list[str]:
     pairs = [("reductions", "by_hand", "none", "reductions / by hand (target <= 1.2)"),
              ("reductions", "by_hand_two_pass", "none", "reductions / by hand, two-pass std (no target)"),
              ("raw", "tofile", "none", "raw / numpy tofile (target <= 1.5)"),
-             ("raw", "raw_pipe", "none", "raw / raw with every value through the writer's pipe (no target)"),
              ("raw", "smdebug", "none", "mltrace / smdebug, raw every step (target <= 1/15 = 0.067)"),
              ("raw", "wandb", "none", "mltrace / W&B watch, raw every step (target <= 1/15 = 0.067)"),
              ("i100_recorder", "recorder_by_hand", "none_long",

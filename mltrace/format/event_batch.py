@@ -11,16 +11,13 @@ same inputs (tests/format/test_event_batch.py holds them to it over every dtype)
 
 Records whose values are small (the reductions, a loss) are joined into one bytes object, which
 the writer hands on as one part; larger values stay a part of their own, so that they are not
-copied once more on the training thread. Where the writer gives a ``snapshot`` function (the
-memory it shares with its process: mltrace.writer.shared_ring), a large value is copied there
-instead of into a new bytes object, and that copy is its part.
+copied once more on the training thread.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -38,7 +35,7 @@ class EncodedRecords:
     """Framed records, ready to append to an events file: ``parts`` in order, and per record
     its tensor name, framed length and payload CRC32C (an index entry's fields but the offset)."""
 
-    parts: list[Any] = field(default_factory=list)  # bytes, or a writer's snapshot of a value
+    parts: list[bytes] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)
     crcs: list[int] = field(default_factory=list)
@@ -51,9 +48,6 @@ class EventBatchEncoder:
     model's are the same every step)."""
 
     def __init__(self) -> None:
-        #: Where a value's bytes are copied when it is larger than JOIN_LIMIT: called with the
-        #: array, returns a buffer holding its bytes in C order, or None (then ``tobytes``).
-        self.snapshot: Callable[[np.ndarray], Any] | None = None
         self._tails: dict[tuple[str, np.dtype, tuple[int, ...], int], bytes | None] = {}
         self._metadata_of: tuple[ModeKeys, int] | None = None
         self._metadata = b""
@@ -80,7 +74,6 @@ class EventBatchEncoder:
         meta_length = len(metadata)
         around = len(fields) + meta_length  # a payload's bytes besides its tail and values
         tails = self._tails
-        snapshot = self.snapshot
         parts, names, lengths, crcs = out.parts, out.names, out.lengths, out.crcs
         for name, array in records:
             key = (name, array.dtype, array.shape, meta_length)
@@ -91,11 +84,7 @@ class EventBatchEncoder:
                 _append_parts(out, name, events.tensor_event_parts(
                     name, array, step, mode, mode_step, wall_time))
                 continue
-            content = None
-            if snapshot is not None and array.nbytes > JOIN_LIMIT:
-                content = snapshot(array)
-            if content is None:
-                content = array.tobytes()
+            content = array.tobytes()
             length = around + len(tail) + len(content)
             if len(content) <= JOIN_LIMIT:
                 payload = b"".join((fields, tail, content, metadata))

@@ -33,9 +33,8 @@ class AtomicFiles:
         # path per step.
         self.made_dirs: set[str] = set()
 
-    def write(self, path: str, data: bytes | memoryview | list[memoryview]) -> None:
-        """Write ``data`` (one buffer, or a list of them in order) to ``path``, creating its
-        folder; a failure leaves no file behind."""
+    def write(self, path: str, data: bytes | memoryview) -> None:
+        """Write ``data`` to ``path``, creating its folder; a failure leaves no file behind."""
         folder = os.path.dirname(path)
         if folder not in self.made_dirs:
             os.makedirs(folder, exist_ok=True)
@@ -50,12 +49,9 @@ class AtomicFiles:
             # of a buffered file object).
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_CLOEXEC, 0o666)
             try:
-                if isinstance(data, list):
-                    _write_parts(fd, data)
-                else:
-                    view = memoryview(data)
-                    while view:
-                        view = view[os.write(fd, view):]
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
             finally:
                 os.close(fd)
             os.replace(tmp, path)
@@ -73,18 +69,3 @@ class AtomicFiles:
             os.remove(path)
         except FileNotFoundError:
             pass
-
-
-_IOV_MAX = 512  # buffers per writev, below every system's IOV_MAX
-
-
-def _write_parts(fd: int, parts: list[memoryview]) -> None:
-    """Write ``parts`` in order with as few ``writev`` calls as the system takes."""
-    parts = [part for part in parts if len(part)]
-    while parts:
-        written = os.writev(fd, parts[:_IOV_MAX])
-        while parts and written >= len(parts[0]):
-            written -= len(parts[0])
-            parts.pop(0)
-        if written:
-            parts[0] = parts[0][written:]

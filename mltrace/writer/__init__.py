@@ -4,8 +4,6 @@
   to whoever writes them, in order.
 - :mod:`~mltrace.writer.process` and :mod:`~mltrace.writer.child`: the child process that writes a
   local trial's files, fed through a pipe (``child`` is standard library only, run by path).
-- :mod:`~mltrace.writer.shared_ring`: memory shared with that process, where a step's large values
-  are copied once and written from.
 - :mod:`~mltrace.writer.byte_queue`: the bounded queue of the background thread.
 - :mod:`~mltrace.writer.spill`: a remote store's files kept on local disk while it is down.
 - :mod:`~mltrace.writer.failure_log`: what a background writer does with a file it cannot write.

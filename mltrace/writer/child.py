@@ -1,7 +1,6 @@
 """The trial writer's process: writes the files of one local trial that a pipe brings it.
 
-mltrace.writer.process starts this file as ``python -S child.py ROOT MAX_PENDING_BYTES [RING_FD
-RING_BYTES]``.
+mltrace.writer.process starts this file as ``python -S child.py ROOT MAX_PENDING_BYTES``.
 It uses the standard library only and loads its two mltrace helpers (``byte_queue.py`` and
 ``storage/atomic_files.py``) by their paths, so that it starts in milliseconds and never imports
 what the training script imports (nor runs a ``sitecustomize``). This module also holds the pipe
@@ -13,15 +12,8 @@ set belongs with the file before it: when that one failed, it is skipped (a step
 never goes without its events file). OP_FLUSH's key is a token the child sends back once every
 earlier file is written or failed.
 
-With RING_FD, the parent shares a ring of memory with the child (mltrace.writer.shared_ring), and
-an OP_WRITE with ``IN_RING`` set carries segments instead of the file's bytes: each a
-``SEGMENT`` (kind, length, offset, end), followed by its bytes for SEG_INLINE, or naming
-``length`` bytes at ``offset`` in the ring for SEG_RING. Once such a file is written (or failed,
-or dropped), the child reports R_RELEASED with the largest ``end`` of its ring segments: the
-parent may then use that memory again.
-
 Reports on stdout: ``REPORT`` (kind, payload length), then the payload. R_READY once the child
-reads; R_FAILED with ``failure_payload``; R_FLUSHED with the token; R_RELEASED with an end.
+reads; R_FAILED with ``failure_payload``; R_FLUSHED with the token.
 
 A reading thread moves frames from the pipe into a queue bounded in bytes, so the training
 process hands a large step over as fast as the pipe takes it, and waits only when the child
@@ -47,11 +39,9 @@ from typing import Any
 
 HEADER = struct.Struct("<BxxxIQ")
 OP_WRITE, OP_DELETE, OP_FLUSH = 1, 2, 3
-IN_GROUP, IN_RING = 0x80, 0x40
-SEGMENT = struct.Struct("<B7xQQQ")
-SEG_INLINE, SEG_RING = 0, 1
+IN_GROUP = 0x80
 REPORT = struct.Struct("<BI")
-R_READY, R_FAILED, R_FLUSHED, R_RELEASED = 1, 2, 3, 4
+R_READY, R_FAILED, R_FLUSHED = 1, 2, 3
 #: Memory a queued frame costs beyond its data (the floor that bounds empty files too).
 FRAME_COST = 256
 
@@ -97,32 +87,7 @@ def _read_exactly(stream: Any, size: int) -> bytes | None:
     return data if len(data) == size else None
 
 
-def segments(body: bytes, ring: memoryview | None) -> tuple[list[memoryview], int]:
-    """An IN_RING file's bytes, as views of ``body`` and of the ring, in order, and the largest
-    end of its ring segments (0 if none).
-
-    Raises:
-        ValueError: a segment that runs past the body or the ring (never from mltrace's parent).
-    """
-    view = memoryview(body)
-    parts: list[memoryview] = []
-    end = position = 0
-    while position < len(view):
-        kind, length, offset, seg_end = SEGMENT.unpack_from(view, position)
-        position += SEGMENT.size
-        if kind == SEG_INLINE and position + length <= len(view):
-            parts.append(view[position:position + length])
-            position += length
-        elif kind == SEG_RING and ring is not None and offset + length <= len(ring):
-            parts.append(ring[offset:offset + length])
-            end = max(end, seg_end)
-        else:
-            raise ValueError(f"a segment of kind {kind}, {length} bytes at {offset}, out of bounds")
-    return parts, end
-
-
-def _read_frames(stream: Any, pending: Any, discarding: threading.Event,
-                 ring: memoryview | None = None) -> None:
+def _read_frames(stream: Any, pending: Any, discarding: threading.Event) -> None:
     """The reading thread: frames into ``pending`` (None at the end of input; a frame cut off by
     it, from a parent that died mid-write, is dropped)."""
     try:
@@ -132,16 +97,11 @@ def _read_frames(stream: Any, pending: Any, discarding: threading.Event,
                 return
             op, key_length, data_length = HEADER.unpack(head)
             key = _read_exactly(stream, key_length)
-            data: Any = _read_exactly(stream, data_length) if (op & ~IN_GROUP & ~IN_RING) == OP_WRITE else b""
+            data = _read_exactly(stream, data_length) if (op & ~IN_GROUP) == OP_WRITE else b""
             if key is None or data is None:
                 return
-            size, end = len(data), 0
-            if op & IN_RING:
-                data, end = segments(data, ring)
             if not discarding.is_set():
-                pending.put((op, os.fsdecode(key), data, end), size + FRAME_COST)
-            elif end:
-                _report(R_RELEASED, str(end).encode())
+                pending.put((op, os.fsdecode(key), data), len(data) + FRAME_COST)
     finally:
         pending.put(None, 0)
 
@@ -151,12 +111,11 @@ def _write_all(root: str, files: Any, pending: Any, discarding: threading.Event)
     group_failed = False
     while True:
         item, size = pending.get()
-        released = item[3] if item is not None else 0  # the end of its ring segments, if any
         try:
             if item is None:
                 return
-            op, key, data, _ = item
-            kind = op & ~IN_GROUP & ~IN_RING
+            op, key, data = item
+            kind = op & ~IN_GROUP
             if kind == OP_FLUSH:
                 _report(R_FLUSHED, key.encode())
                 continue
@@ -173,27 +132,11 @@ def _write_all(root: str, files: Any, pending: Any, discarding: threading.Event)
                 group_failed = True
                 _report(R_FAILED, failure_payload(key, exc))
         finally:
-            if released:  # written or not, its part of the ring is free
-                _report(R_RELEASED, str(released).encode())
             pending.task_done(size)
-
-
-def _map_ring(argv: list[str]) -> memoryview | None:
-    """The parent's ring (RING_FD RING_BYTES after the two first arguments), read-only."""
-    if len(argv) < 5:
-        return None
-    import mmap
-
-    fd, size = int(argv[3]), int(argv[4])
-    try:
-        return memoryview(mmap.mmap(fd, size, prot=mmap.PROT_READ))
-    finally:
-        os.close(fd)
 
 
 def main(argv: list[str]) -> int:
     root, max_pending = argv[1], int(argv[2])
-    ring = _map_ring(argv)
     for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGXFSZ"):
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)
@@ -204,7 +147,7 @@ def main(argv: list[str]) -> int:
     atomic = _load("mltrace_writer_atomic_files",
                    os.path.join(os.path.dirname(here), "storage", "atomic_files.py"))
     pending = byte_queue.ByteQueue(max_pending)
-    reader = threading.Thread(target=_read_frames, args=(sys.stdin.buffer, pending, discarding, ring),
+    reader = threading.Thread(target=_read_frames, args=(sys.stdin.buffer, pending, discarding),
                               name="mltrace-writer-pipe", daemon=True)
     reader.start()
     _report(R_READY)

@@ -30,11 +30,9 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from mltrace.storage.base import Storage
 from mltrace.writer import child as protocol
-from mltrace.writer.shared_ring import SharedRing
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +40,6 @@ CHILD_PROGRAM = protocol.__file__
 #: The environment variable that chooses the writer: "process" (the default where it works) or
 #: "thread".
 WRITER_ENV = "MLTRACE_WRITER"
-#: "off" sends every value through the pipe, none through the shared ring (mltrace.writer.shared_ring).
-RING_ENV = "MLTRACE_WRITER_RING"
 #: What the pipe to the child may hold (Linux raises a pipe's 64 KiB up to this on request).
 PIPE_BYTES = 1 << 20
 _IOV_MAX = 512  # parts per writev, below every system's IOV_MAX
@@ -78,19 +74,14 @@ class _Channel:
     close. So a file reaches the disk (or a failure the log) at most BATCH_SECONDS later than
     it would from a thread.
 
-    A batch whose values in the shared ring (mltrace.writer.shared_ring) come to BATCH_BYTES goes
-    at once, as a full one does: its frames are small, and the child then writes the values and
-    frees their memory soon. A batch of BATCH_BYTES or more in the pipe (a save step of a big
-    model, its values not in the ring) is copied into the pipe by the reports thread, woken
-    through a second pipe, as the child reads, and so is the rest of one the pipe had no room
-    for: the training thread neither copies it nor waits for the child to read it. It waits
-    only once PUSH_BYTES are unsent in the pipe, and at every flush and close.
+    A batch of BATCH_BYTES or more (a save step of a big model) is copied into the pipe by the
+    reports thread, woken through a second pipe, as the child reads, and so is the rest of one
+    the pipe had no room for: the training thread neither copies it nor waits for the child to
+    read it. It waits only once PUSH_BYTES are unsent, and at every flush and close.
     """
 
-    def __init__(self, fd: int, on_failure: Callable[[str, BaseException], None],
-                 ring: SharedRing | None = None) -> None:
+    def __init__(self, fd: int, on_failure: Callable[[str, BaseException], None]) -> None:
         self.fd = fd
-        self.ring = ring
         os.set_blocking(fd, False)  # a full pipe answers EAGAIN: see send
         self.on_failure = on_failure
         self.changed = threading.Condition()  # guards ready, ended, flushed
@@ -100,8 +91,7 @@ class _Channel:
         self.sending = threading.Lock()  # guards the batch, and keeps the pipe's order
         self.parts: list[bytes | memoryview] = []
         self.groups: list[Files] = []
-        self.size = 0  # the batch's bytes in the pipe's frames
-        self.weight = 0  # and with its values in the shared ring (which the batch does not hold)
+        self.size = 0
         self.since = 0.0  # when the batch's first group came
         self.last_sent = 0.0  # when the last batch went
         #: True while the reports thread sends the rest of a batch the pipe had no room for
@@ -109,10 +99,7 @@ class _Channel:
         self.wake_r, self.wake_w = os.pipe()  # wakes the reports thread to push
         os.set_blocking(self.wake_w, False)
 
-    def add(self, files: Files, parts: list[bytes | memoryview], size: int, soon: bool,
-            ring_bytes: int = 0) -> None:
-        """Add a group's frames (``size`` bytes in the pipe, besides ``ring_bytes`` of values in
-        the shared ring) to the batch, and send what is due (see the class docstring)."""
+    def add(self, files: Files, parts: list[bytes | memoryview], size: int, soon: bool) -> None:
         now = time.monotonic()
         with self.sending:
             if not self.groups:
@@ -120,7 +107,6 @@ class _Channel:
             self.parts += parts
             self.groups.append(files)
             self.size += size
-            self.weight += size + ring_bytes
             if self.ended:
                 raise WriterProcessGone
             if self.size >= PUSH_BYTES:
@@ -129,8 +115,8 @@ class _Channel:
                 return
             elif self.size >= BATCH_BYTES:  # copying it into the pipe is the reports thread's
                 self.push_later()
-            elif (soon or self.weight >= BATCH_BYTES or now - self.last_sent >= BATCH_SECONDS
-                    or len(self.groups) >= BATCH_GROUPS or now - self.since >= BATCH_SECONDS):
+            elif (soon or now - self.last_sent >= BATCH_SECONDS or len(self.groups) >= BATCH_GROUPS
+                    or now - self.since >= BATCH_SECONDS):
                 if not self.send(block=False):
                     self.push_later()
 
@@ -183,7 +169,7 @@ class _Channel:
         """Empty the batch (sent, or given up) and return its groups (the caller holds
         ``sending``, or is a forked copy where no other thread runs)."""
         groups = self.groups
-        self.parts, self.groups, self.size, self.weight = [], [], 0, 0
+        self.parts, self.groups, self.size = [], [], 0
         self.pushing = False
         return groups
 
@@ -236,10 +222,6 @@ class _Channel:
                 payload = _read_exactly(fd, length)
                 if payload is None:
                     return
-                if kind == protocol.R_RELEASED:
-                    if self.ring is not None:
-                        self.ring.release(int(payload))
-                    continue
                 if kind == protocol.R_FAILED:
                     self.on_failure(*protocol.parse_failure(payload))
                     continue
@@ -257,8 +239,6 @@ class _Channel:
             with self.changed:
                 self.ended = True
                 self.changed.notify_all()
-            if self.ring is not None:  # no more releases: what it holds stays for take_unsent
-                self.ring.enabled = False
             proc.wait()
             proc.stdout.close()
             with self.sending:  # push_later writes to wake_w while holding it
@@ -298,23 +278,15 @@ class WriterProcess:
 
     def __init__(self, root: str, max_pending_bytes: int,
                  on_failure: Callable[[str, BaseException], None]) -> None:
-        #: memory shared with the child for large values (None: everything through the pipe)
-        self.ring = SharedRing.create() if os.environ.get(RING_ENV, "on").strip().lower() != "off" else None
-        ring_args = [] if self.ring is None else [str(self.ring.fd), str(self.ring.size)]
-        try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", CHILD_PROGRAM, root, str(max_pending_bytes), *ring_args],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
-                pass_fds=() if self.ring is None else (self.ring.fd,))
-        finally:
-            if self.ring is not None:
-                self.ring.close_fd()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", CHILD_PROGRAM, root, str(max_pending_bytes)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._fd = self._proc.stdin.fileno()
         _grow_pipe(self._fd)
         self._owner = os.getpid()
         self._tokens = 0
-        self._channel = _Channel(self._fd, on_failure, self.ring)
+        self._channel = _Channel(self._fd, on_failure)
         self._reader = threading.Thread(target=self._channel.serve, args=(self._proc,),
                                         name="mltrace-writer-reports", daemon=True)
         self._reader.start()
@@ -359,22 +331,16 @@ class WriterProcess:
             WriterProcessGone: the child takes no more files (``take_unsent`` then has these).
         """
         parts: list[bytes | memoryview] = []
-        size = ring_bytes = 0
-        ring = self.ring
+        size = 0
         for i, (key, data) in enumerate(files):
             op = protocol.OP_WRITE if data is not None else protocol.OP_DELETE
             name = os.fsencode(key)
-            chunks: list[Any] = [] if data is None else data if isinstance(data, list) else [data]
+            chunks = [] if data is None else data if isinstance(data, list) else [data]
             length = sum(len(chunk) for chunk in chunks)
-            if ring is not None and any(ring.owns(chunk) for chunk in chunks):
-                op |= protocol.IN_RING
-                whole = length
-                chunks, length = _segments(chunks, ring)
-                ring_bytes += whole - length
-            size += length + protocol.FRAME_COST
             parts += (protocol.HEADER.pack(op | (protocol.IN_GROUP if i else 0), len(name), length), name)
             parts += chunks
-        self._channel.add(files, parts, size, soon, ring_bytes)
+            size += length + protocol.FRAME_COST
+        self._channel.add(files, parts, size, soon)
 
     def flush(self) -> None:
         """Wait until the child wrote (or failed) every file sent before this call."""
@@ -442,40 +408,13 @@ class WriterProcess:
 
     def forget_after_fork(self) -> None:
         """In a forked child: the pipes and the batch belong to the parent's writer (which sends
-        the batch); close our copies. The ring is the parent's memory too: never written here."""
-        if self.ring is not None:
-            self.ring.enabled = False
+        the batch); close our copies."""
         self._channel.ended = True
         self._channel.clear()  # not under ``sending``: a lock held at the fork stays held here
         self._channel.close_wake()
         self._finalizer.detach()
         for stream in (self._proc.stdin, self._proc.stdout):
             _close_quietly(stream)
-
-
-def _segments(chunks: list[Any], ring: SharedRing) -> tuple[list[bytes | memoryview], int]:
-    """A file's parts as IN_RING segments (see mltrace.writer.child): each part in the ring by
-    where it lies, each run of other parts as one inline segment followed by them; and the
-    segments' length in the pipe."""
-    out: list[Any] = []
-    length = 0
-    run: list[Any] = []
-    run_bytes = 0
-    for chunk in chunks + [None]:
-        if chunk is not None and not ring.owns(chunk):
-            run.append(chunk)
-            run_bytes += len(chunk)
-            continue
-        if run:
-            out.append(protocol.SEGMENT.pack(protocol.SEG_INLINE, run_bytes, 0, 0))
-            out += run
-            length += protocol.SEGMENT.size + run_bytes
-            run, run_bytes = [], 0
-        if chunk is not None:
-            offset, nbytes, end = ring.locate(chunk)
-            out.append(protocol.SEGMENT.pack(protocol.SEG_RING, nbytes, offset, end))
-            length += protocol.SEGMENT.size
-    return out, length
 
 
 def _close_quietly(stream: object) -> None:

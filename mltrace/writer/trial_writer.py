@@ -226,10 +226,7 @@ class TrialWriter:
             # not wait in a pipe for a process that may be slow to start (or never start).
             self._write_group(_joined(files))
             return
-        if not self._sent_any:
-            self._sent_any = True
-            if self._process.ring is not None:  # from the next step on, large values go there
-                self._encoder.snapshot = self._process.ring.snapshot
+        self._sent_any = True
         try:
             self._process.send(self._replacing_earlier(files), soon)
         except WriterProcessGone:
@@ -241,7 +238,6 @@ class TrialWriter:
         written is lost, which is recorded as a failure."""
         assert self._process is not None
         process, self._process = self._process, None
-        self._encoder.snapshot = None
         started = process.started
         unsent = process.take_unsent()
         status = process.close(wait=True)

@@ -220,13 +220,11 @@ def test_the_child_writes_what_it_got_after_the_training_process_is_killed(tmp_p
     assert all(trial.tensor("x").value(s)[-1] == s for s in range(12))
 
 
-def test_a_step_larger_than_the_pipe_does_not_wait_for_the_child_to_read_it(tmp_path, monkeypatch):
+def test_a_step_larger_than_the_pipe_does_not_wait_for_the_child_to_read_it(tmp_path):
     """A save step of a big model (here 3 MiB, three times the pipe) is sent by the reports
     thread as the child reads: with the child stopped (SIGSTOP), handing two of them over still
     returns. A third would pass PUSH_BYTES unsent: that one waits until the child reads again.
-    Then flush waits for all of them, and every step is on disk, in order. (Values through the
-    pipe, as where there is no shared ring or it is full: tests/writer/test_shared_ring.py.)"""
-    monkeypatch.setenv(writer_process.RING_ENV, "off")
+    Then flush waits for all of them, and every step is on disk, in order."""
     writer = TrialWriter(LocalStorage(str(tmp_path / "run")), "worker_0")
     writer.write_collections(CollectionManager().to_json())
     process = writer._process  # noqa: SLF001
@@ -259,12 +257,10 @@ def test_a_step_larger_than_the_pipe_does_not_wait_for_the_child_to_read_it(tmp_
         assert (trial.tensor("x").value(step) == float(step)).all()
 
 
-def test_a_child_that_dies_holding_unsent_steps_leaves_them_to_the_thread(tmp_path, monkeypatch):
+def test_a_child_that_dies_holding_unsent_steps_leaves_them_to_the_thread(tmp_path):
     """Steps left for the reports thread to push (the child stopped, then killed) are not lost
     when the child dies: the thread writes them, from their parts as the pipe would have taken
-    them, and the death is a recorded failure. (With values in the shared ring:
-    tests/writer/test_shared_ring.py.)"""
-    monkeypatch.setenv(writer_process.RING_ENV, "off")
+    them, and the death is a recorded failure."""
     writer = TrialWriter(LocalStorage(str(tmp_path / "run")), "worker_0")
     writer.write_collections(CollectionManager().to_json())
     process = writer._process  # noqa: SLF001
