@@ -7,6 +7,10 @@ biases and gradients of its 50 parameter tensors and the loss are what is monito
 * ``none``: no monitoring.
 * ``raw``: mltrace's hook saving the raw tensors every step (collections weights, biases,
   gradients, losses; smdebug's ``SaveConfig(save_interval=1)``).
+* ``raw_unsent``: the same hook with its hand-over to the writer process dropped (nothing is
+  written): the hook's own work on the training thread (host copies, encoding, CRCs, checks).
+  Beside ``tofile`` it says how far that work alone is from the floor; beside ``raw``, what
+  handing the bytes over and writing them in the writer process adds to the step.
 * ``tofile``: by hand, the same bytes (every parameter and its gradient after ``backward()``)
   written with numpy's ``tofile`` into one file per step on the same filesystem: the floor of
   saving raw tensors.
@@ -20,6 +24,8 @@ biases and gradients of its 50 parameter tensors and the loss are what is monito
   one-pass ``std_mean`` is slow.
 * ``i100``: mltrace saving the raw tensors every 100 steps.
 * ``i100_recorder``: the same with the flight recorder on, at its defaults.
+* ``i100_recorder_gradients``: the same with the recorder keeping the gradients and the loss
+  only (``FlightRecorderConfig(collections=["gradients", "losses"])``): half the tensors.
 * ``recorder_by_hand``: by hand, what the recorder keeps at its defaults, each step: min and
   max of every weight, bias and gradient as it comes (the recorded collections are those the
   hook saves), and the loss, stacked, read on the host once a step, the last 50 steps kept.
@@ -66,12 +72,12 @@ from nanogpt import GPTConfig, LanguageModelLoss, make_batches, make_model, make
 
 COLLECTIONS = ["weights", "biases", "gradients", "losses"]
 REDUCED = ["weights", "biases", "gradients"]
-EVERY_STEP = ("none", "raw", "tofile", "reductions", "by_hand", "by_hand_two_pass")
-LONG = ("i100", "i100_recorder", "recorder_by_hand")
+EVERY_STEP = ("none", "raw", "raw_unsent", "tofile", "reductions", "by_hand", "by_hand_two_pass")
+LONG = ("i100", "i100_recorder", "i100_recorder_gradients", "recorder_by_hand")
 PEERS = ("smdebug", "wandb")
 SETTINGS = (*EVERY_STEP, *LONG, *PEERS)
-DEFAULT = ("none,raw,tofile,reductions,by_hand,by_hand_two_pass,i100,i100_recorder,"
-           "recorder_by_hand")
+DEFAULT = ("none,raw,raw_unsent,tofile,reductions,by_hand,by_hand_two_pass,i100,i100_recorder,"
+           "i100_recorder_gradients,recorder_by_hand")
 
 
 class Monitor:
@@ -92,12 +98,12 @@ class MltraceHook(Monitor):
     """mltrace's (or smdebug's: same API) hook, configured as a user would."""
 
     def __init__(self, lib: str, out_dir: str, model: nn.Module, loss: nn.Module, interval: int,
-                 reductions: bool = False, recorder: bool = False) -> None:
+                 reductions: bool = False, recorder: Any = None) -> None:
         if lib == "smdebug":
             import smdebug.pytorch as smd
         else:
             import mltrace.pytorch as smd  # type: ignore[no-redef]
-        options: dict[str, Any] = {"flight_recorder": True} if recorder else {}
+        options: dict[str, Any] = {} if recorder is None else {"flight_recorder": recorder}
         self.hook = smd.Hook(out_dir=out_dir, save_config=smd.SaveConfig(save_interval=interval),
                              include_collections=list(COLLECTIONS), **options)
         if reductions:
@@ -109,6 +115,25 @@ class MltraceHook(Monitor):
 
     def close(self) -> None:
         self.hook.close()
+
+
+class Unsent(MltraceHook):
+    """mltrace's hook saving raw every step, its hand-over to the writer process dropped while
+    it runs (a bench's patch of a private method: nothing reaches the disk)."""
+
+    def __init__(self, out_dir: str, model: nn.Module, loss: nn.Module) -> None:
+        from mltrace.writer import process
+
+        self.channel = process._Channel  # noqa: SLF001 - a bench's patch
+        self.add = self.channel.add
+        self.channel.add = lambda *args: None  # type: ignore[method-assign]
+        super().__init__("mltrace", out_dir, model, loss, 1)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self.channel.add = self.add  # type: ignore[method-assign]
 
 
 class ToFile(Monitor):
@@ -201,8 +226,15 @@ def monitor(setting: str, out_dir: str, model: nn.Module, loss: nn.Module) -> Mo
         return MltraceHook("smdebug" if setting == "smdebug" else "mltrace", out_dir, model, loss, 1)
     if setting == "reductions":
         return MltraceHook("mltrace", out_dir, model, loss, 1, reductions=True)
+    if setting == "raw_unsent":
+        return Unsent(out_dir, model, loss)
     if setting in ("i100", "i100_recorder"):
-        return MltraceHook("mltrace", out_dir, model, loss, 100, recorder=setting == "i100_recorder")
+        return MltraceHook("mltrace", out_dir, model, loss, 100, recorder=True if setting == "i100_recorder" else None)
+    if setting == "i100_recorder_gradients":
+        from mltrace import FlightRecorderConfig
+
+        return MltraceHook("mltrace", out_dir, model, loss, 100,
+                           recorder=FlightRecorderConfig(collections=["gradients", "losses"]))
     if setting == "tofile":
         return ToFile(out_dir)
     if setting == "by_hand":
@@ -294,6 +326,8 @@ def report(results: dict[str, protocol.Measured]) -> list[str]:
     pairs = [("reductions", "by_hand", "none", "reductions / by hand (target <= 1.2)"),
              ("reductions", "by_hand_two_pass", "none", "reductions / by hand, two-pass std (no target)"),
              ("raw", "tofile", "none", "raw / numpy tofile (target <= 1.5)"),
+             ("raw_unsent", "tofile", "none", "raw without writing / numpy tofile (the hook's own work; no target)"),
+             ("raw", "raw_unsent", "none", "raw / raw without writing (no target)"),
              ("raw", "smdebug", "none", "mltrace / smdebug, raw every step (target <= 1/15 = 0.067)"),
              ("raw", "wandb", "none", "mltrace / W&B watch, raw every step (target <= 1/15 = 0.067)"),
              ("i100_recorder", "recorder_by_hand", "none_long",
@@ -309,11 +343,15 @@ def report(results: dict[str, protocol.Measured]) -> list[str]:
         lines.append("CPU off the training thread (other threads, writer process), ms/step: " + ", ".join(busy))
     base_long = results.get("none_long")
     if base_long is not None:
-        for name in ("i100", "i100_recorder"):
+        for name in ("i100", "i100_recorder", "i100_recorder_gradients"):
             if name in results:
                 a = results[name].median - base_long.median
                 lines.append(f"{name}: {a:+.2f} ms/step = {100 * a / base_long.median:+.1f}% of the step"
                              + (" (target <= 3%)" if name == "i100_recorder" else ""))
+        if {"i100", "i100_recorder"} <= set(results):
+            a = results["i100_recorder"].median - results["i100"].median
+            lines.append(f"the recorder alone (i100_recorder - i100): {a:+.2f} ms/step = "
+                         f"{100 * a / base_long.median:+.1f}% of the step")
     return lines
 
 
