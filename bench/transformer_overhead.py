@@ -124,10 +124,10 @@ class Unsent(MltraceHook):
     def __init__(self, out_dir: str, model: nn.Module, loss: nn.Module) -> None:
         from mltrace.writer import process
 
+        super().__init__("mltrace", out_dir, model, loss, 1)
         self.channel = process._Channel  # noqa: SLF001 - a bench's patch
         self.add = self.channel.add
         self.channel.add = lambda *args: None  # type: ignore[method-assign]
-        super().__init__("mltrace", out_dir, model, loss, 1)
 
     def close(self) -> None:
         try:
