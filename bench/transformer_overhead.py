@@ -218,6 +218,15 @@ class WandbWatch(pytorch_overhead.WandbWatch, Monitor):
     MLP benchmark's (bench/pytorch_overhead.py), the same settings, as a Monitor."""
 
 
+def _recorder(setting: str) -> Any:
+    """The ``flight_recorder`` option of an i100 setting (None: no recorder)."""
+    if setting == "i100_recorder_gradients":
+        from mltrace import FlightRecorderConfig
+
+        return FlightRecorderConfig(collections=["gradients", "losses"])
+    return True if setting == "i100_recorder" else None
+
+
 def monitor(setting: str, out_dir: str, model: nn.Module, loss: nn.Module) -> Monitor:
     """The setting's monitor, made before the timed region (once per job, not per step)."""
     if setting == "none":
@@ -228,13 +237,8 @@ def monitor(setting: str, out_dir: str, model: nn.Module, loss: nn.Module) -> Mo
         return MltraceHook("mltrace", out_dir, model, loss, 1, reductions=True)
     if setting == "raw_unsent":
         return Unsent(out_dir, model, loss)
-    if setting in ("i100", "i100_recorder"):
-        return MltraceHook("mltrace", out_dir, model, loss, 100, recorder=True if setting == "i100_recorder" else None)
-    if setting == "i100_recorder_gradients":
-        from mltrace import FlightRecorderConfig
-
-        return MltraceHook("mltrace", out_dir, model, loss, 100,
-                           recorder=FlightRecorderConfig(collections=["gradients", "losses"]))
+    if setting.startswith("i100"):
+        return MltraceHook("mltrace", out_dir, model, loss, 100, recorder=_recorder(setting))
     if setting == "tofile":
         return ToFile(out_dir)
     if setting == "by_hand":
